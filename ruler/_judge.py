@@ -1,0 +1,393 @@
+"""`Judge`: RULER's relative scoring of a group of trajectories by an LLM.
+
+    judge = Judge("openai/gpt-4.1-mini")
+    result = await judge.score([traj_a, traj_b, traj_c])
+    result.rewards  # [0.9, 0.2, 0.55], in the order given
+
+The completion function is LiteLLM's `acompletion` unless one is injected: any async callable
+taking LiteLLM's keyword arguments and returning a chat completion (object or dict) or a string.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import random
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import anyio.lowlevel
+from pydantic import BaseModel
+
+from ruler._cache import JudgeCache, cache_key
+from ruler._parse import extract_json, validate_scores
+from ruler._render import Prompt, build_prompt
+from ruler._rubric import DEFAULT_RUBRIC
+from ruler._types import JudgeResult, JudgeScore, Trajectory, Usage, coerce_trajectory
+from ruler.errors import InvalidGroupError, JudgeAPIError, JudgeError, JudgeParseError
+from ruler.errors import status_code_of as _status
+
+__all__ = ["SCORES_SCHEMA", "CompletionFn", "Judge", "RetryPolicy"]
+
+logger = logging.getLogger("ruler")
+
+CompletionFn = Callable[..., Awaitable[Any]]
+
+SCORES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "scores": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "trajectory_id": {"type": "string"},
+                    "explanation": {"type": "string"},
+                    "score": {"type": "number", "minimum": 0, "maximum": 1},
+                },
+                "required": ["trajectory_id", "explanation", "score"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["scores"],
+    "additionalProperties": False,
+}
+
+_RESPONSE_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "ruler_scores", "schema": SCORES_SCHEMA, "strict": True},
+}
+
+_TRANSIENT_STATUS = {408, 409, 425, 429}
+
+
+class RetryPolicy(BaseModel):
+    """Retries of transient API errors (rate limits, time-outs, connection errors, 5xx)."""
+
+    max_attempts: int = 4
+    initial_delay: float = 1.0
+    max_delay: float = 30.0
+    multiplier: float = 2.0
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
+        return base * random.uniform(0.8, 1.2)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    status = _status(exc)
+    if status is not None:
+        return status in _TRANSIENT_STATUS or status >= 500
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(
+        isinstance(exc, (TimeoutError, ConnectionError))
+        or names & {"APIConnectionError", "APITimeoutError", "Timeout", "TimeoutException"}
+    )
+
+
+def _litellm():
+    # LiteLLM fetches its price list from the internet at import unless told not to.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+async def _litellm_acompletion(**kwargs: Any) -> Any:
+    return await _litellm().acompletion(**kwargs)
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _read_response(resp: Any) -> tuple[str, int, int]:
+    """(content, prompt_tokens, completion_tokens) from a completion object, dict or string."""
+    if isinstance(resp, str):
+        return resp, 0, 0
+    choices = _field(resp, "choices") or []
+    message = _field(choices[0], "message") if choices else None
+    content = _field(message, "content") if message is not None else None
+    usage = _field(resp, "usage")
+    prompt = _field(usage, "prompt_tokens") if usage is not None else 0
+    completion = _field(usage, "completion_tokens") if usage is not None else 0
+    return content or "", int(prompt or 0), int(completion or 0)
+
+
+def _cost(resp: Any) -> float | None:
+    if not type(resp).__module__.startswith("litellm"):
+        return None
+    try:
+        return float(_litellm().completion_cost(completion_response=resp))
+    except Exception:  # LiteLLM raises for models it has no price for
+        return None
+
+
+class Judge:
+    """An LLM judge that scores groups of trajectories relative to each other.
+
+    Args:
+        model: a LiteLLM model string, e.g. "openai/gpt-4.1-mini" or "hosted_vllm/Qwen3-32B".
+        rubric: what a good attempt is; `DEFAULT_RUBRIC` unless given.
+        api_base, api_key, temperature, timeout: passed to the completion function.
+        extra_params: any other keyword arguments for the completion function.
+        completion_fn: async callable with LiteLLM's `acompletion` signature.
+        retry: retries of transient API errors.
+        parse_retries: how many times the judge is asked again after an unusable reply.
+        cache: True (default location), False/None (off), a path, or a `JudgeCache`.
+        max_concurrency: judge calls in flight at once, per event loop.
+        max_prompt_chars: size budget of a serialized group; longest tool outputs are cut first.
+        structured_output: "auto" sends a JSON schema where the provider is known to take one
+            (and falls back to instructions if it refuses); "json_schema" always; "instructions"
+            never.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        rubric: str = DEFAULT_RUBRIC,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        temperature: float | None = None,
+        timeout: float = 180.0,
+        extra_params: Mapping[str, Any] | None = None,
+        completion_fn: CompletionFn | None = None,
+        retry: RetryPolicy | None = None,
+        parse_retries: int = 2,
+        cache: bool | str | os.PathLike[str] | JudgeCache | None = True,
+        max_concurrency: int = 8,
+        max_prompt_chars: int | None = 120_000,
+        structured_output: Literal["auto", "json_schema", "instructions"] = "auto",
+    ) -> None:
+        if not model or not isinstance(model, str):
+            raise ValueError("Judge needs a model string such as 'openai/gpt-4.1-mini'")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        self.model = model
+        self.rubric = rubric
+        self.api_base = api_base
+        self.api_key = api_key
+        self.temperature = temperature
+        self.timeout = timeout
+        self.extra_params = dict(extra_params or {})
+        self.completion_fn = completion_fn or _litellm_acompletion
+        self.retry = retry or RetryPolicy()
+        self.parse_retries = parse_retries
+        self.max_concurrency = max_concurrency
+        self.max_prompt_chars = max_prompt_chars
+        self.structured_output = structured_output
+        self.cache = _make_cache(cache)
+        self._schema_refused = False
+        self._limiters: weakref.WeakKeyDictionary[Any, anyio.CapacityLimiter] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return f"Judge({self.model!r}, api_base={self.api_base!r})"
+
+    # -- public -------------------------------------------------------------------------------
+
+    async def score(
+        self,
+        trajectories: Sequence[Any],
+        *,
+        tools: Sequence[Any] | None = None,
+        rubric: str | None = None,
+        swallow_exceptions: bool = False,
+    ) -> JudgeResult | None:
+        """Score a group. With `swallow_exceptions`, a judge failure returns None (logged)."""
+        group = _coerce_group(trajectories, tools)
+        try:
+            return await self._score(group, rubric or self.rubric)
+        except JudgeError as exc:
+            if not swallow_exceptions:
+                raise
+            logger.warning("ruler: dropping a group of %d: %s", len(group), exc)
+            return None
+
+    def score_sync(self, trajectories: Sequence[Any], **kwargs: Any) -> JudgeResult | None:
+        """`score` for scripts without an event loop."""
+        return run_sync(partial(self.score, trajectories, **kwargs))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _use_schema(self) -> bool:
+        if self.structured_output != "auto":
+            return self.structured_output == "json_schema"
+        if self._schema_refused:
+            return False
+        if self.api_base or self.model.startswith("hosted_vllm/"):
+            return True  # OpenAI-compatible servers (vLLM, llama.cpp, mcprl) take json_schema
+        try:
+            return bool(_litellm().supports_response_schema(model=self.model))
+        except Exception:
+            return False
+
+    def _request(self, prompt: Prompt) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"model": self.model, "messages": prompt.messages()}
+        kwargs.update(self.extra_params)
+        for name in ("api_base", "api_key", "temperature", "timeout"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        if (
+            self.api_base
+            and self.api_key is None
+            and self.model.startswith("openai/")
+            and not os.environ.get("OPENAI_API_KEY")
+        ):
+            # Local OpenAI-compatible servers take any key, but the OpenAI client insists on one.
+            kwargs["api_key"] = "EMPTY"
+        return kwargs
+
+    async def _score(self, group: list[Trajectory], rubric: str) -> JudgeResult:
+        prompt = build_prompt(group, rubric, self.max_prompt_chars)
+        request = self._request(prompt)
+        key = None
+        if self.cache is not None:
+            key = cache_key({k: v for k, v in request.items() if k not in ("api_key", "timeout")})
+            hit = await self.cache.get(key)
+            if hit is not None:
+                logger.debug("ruler: cache hit for a group of %d", len(group))
+                return _result(group, prompt, hit, Usage(cached=True), self.model)
+        usage = Usage()
+        verdict = await self._ask_until_valid(request, prompt, usage)
+        if key is not None:
+            await self.cache.put(key, verdict)
+        return _result(group, prompt, verdict, usage, self.model)
+
+    async def _ask_until_valid(
+        self, request: dict[str, Any], prompt: Prompt, usage: Usage
+    ) -> dict[str, dict[str, Any]]:
+        request = copy.deepcopy(request)
+        reply, problems = "", []
+        for asked in range(self.parse_retries + 1):
+            reply = await self._call(request, usage)
+            obj, problem = extract_json(reply)
+            if obj is not None:
+                by_id, problems = validate_scores(obj, prompt.judge_ids)
+                if not problems:
+                    return {tid: s.model_dump() for tid, s in by_id.items()}
+            else:
+                problems = [problem or "unreadable reply"]
+            logger.info("ruler: unusable judge reply (%s); asked %d time(s)", problems, asked + 1)
+            request["messages"] = [
+                *request["messages"],
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": _reask(problems, prompt.judge_ids)},
+            ]
+        raise JudgeParseError(
+            f"judge {self.model!r} gave no valid scores after {self.parse_retries + 1} replies: "
+            + "; ".join(problems),
+            raw_reply=reply,
+            problems=problems,
+        )
+
+    async def _call(self, request: dict[str, Any], usage: Usage) -> str:
+        attempt = 0
+        while True:
+            attempt += 1
+            kwargs = dict(request)
+            if self._use_schema():
+                kwargs["response_format"] = _RESPONSE_FORMAT
+            try:
+                async with self._limiter():
+                    resp = await self.completion_fn(**kwargs)
+            except Exception as exc:
+                if (
+                    "response_format" in kwargs
+                    and self.structured_output == "auto"
+                    and _status(exc) == 400
+                ):
+                    logger.info(
+                        "ruler: %s refused a JSON schema (%s); using instructions", self, exc
+                    )
+                    self._schema_refused = True
+                    continue
+                if _is_transient(exc) and attempt < self.retry.max_attempts:
+                    delay = self.retry.delay(attempt)
+                    logger.warning("ruler: judge call failed (%s); retry in %.1fs", exc, delay)
+                    await anyio.sleep(delay)
+                    continue
+                raise JudgeAPIError.from_exception(exc, model=self.model, attempts=attempt) from exc
+            content, prompt_tokens, completion_tokens = _read_response(resp)
+            usage.add(prompt_tokens, completion_tokens, _cost(resp))
+            return content
+
+    def _limiter(self) -> anyio.CapacityLimiter:
+        loop = anyio.lowlevel.current_token().native_token
+        limiter = self._limiters.get(loop)
+        if limiter is None:
+            limiter = self._limiters[loop] = anyio.CapacityLimiter(self.max_concurrency)
+        return limiter
+
+
+def _make_cache(cache: bool | str | os.PathLike[str] | JudgeCache | None) -> JudgeCache | None:
+    if cache is None or cache is False:
+        return None
+    if cache is True:
+        return JudgeCache()
+    if isinstance(cache, JudgeCache):
+        return cache
+    return JudgeCache(Path(cache))
+
+
+def _coerce_group(trajectories: Sequence[Any], tools: Sequence[Any] | None) -> list[Trajectory]:
+    if isinstance(trajectories, (str, bytes, Mapping)) or not isinstance(trajectories, Sequence):
+        raise InvalidGroupError(
+            f"a group must be a list of trajectories, got {type(trajectories).__name__}"
+        )
+    if len(trajectories) < 2:
+        raise InvalidGroupError(
+            f"a group needs at least 2 trajectories to compare, got {len(trajectories)} "
+            "(RULER ranks attempts at the same task against each other; 4-8 work well)"
+        )
+    group = [coerce_trajectory(t, i) for i, t in enumerate(trajectories)]
+    if tools:
+        shared = coerce_trajectory({"messages": [], "tools": list(tools)}, 0).tools
+        group = [t if t.tools else t.model_copy(update={"tools": shared}) for t in group]
+    ids = [t.id for t in group if t.id is not None]
+    if len(ids) != len(set(ids)):
+        raise InvalidGroupError(f"trajectory ids must be unique within a group, got {ids}")
+    return group
+
+
+def _result(
+    group: list[Trajectory], prompt: Prompt, verdict: dict[str, Any], usage: Usage, model: str
+) -> JudgeResult:
+    scores = []
+    for i, traj in enumerate(group):
+        v = verdict[prompt.judge_ids[prompt.index_of[i]]]
+        scores.append(
+            JudgeScore(
+                trajectory_id=traj.id if traj.id is not None else str(i + 1),
+                score=v["score"],
+                explanation=v["explanation"],
+            )
+        )
+    return JudgeResult(scores=scores, usage=usage, judge=model)
+
+
+def _reask(problems: list[str], ids: list[str]) -> str:
+    listed = "\n".join(f"- {p}" for p in problems)
+    return (
+        f"Your reply could not be used:\n{listed}\n"
+        f"Reply again with only the JSON object, with exactly one entry for each trajectory id "
+        f"({', '.join(ids)}) and a score between 0 and 1."
+    )
+
+
+def run_sync(fn: Callable[[], Awaitable[Any]]) -> Any:
+    """Run a coroutine function from synchronous code (not from inside an event loop)."""
+    try:
+        anyio.lowlevel.current_token()
+    except Exception:
+        return anyio.run(fn)
+    raise RuntimeError("ruler's *_sync helpers cannot run inside an event loop; use `await`")

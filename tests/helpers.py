@@ -1,0 +1,122 @@
+"""Small real doubles used across tests: a scripted judge function and a local chat endpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+_ID = re.compile(r'<trajectory_[0-9a-f]+ id="([^"]+)">')
+
+
+def judge_ids(messages: list[dict[str, Any]]) -> list[str]:
+    """The trajectory ids a judge prompt shows, in order."""
+    return _ID.findall(messages[1]["content"])
+
+
+def scores_reply(scores: dict[str, float], order: list[str] | None = None) -> str:
+    order = order or list(scores)
+    items = [{"trajectory_id": i, "explanation": f"e{i}", "score": scores[i]} for i in order]
+    return json.dumps({"scores": items})
+
+
+class ScriptedJudge:
+    """An async completion function that answers from a script and records every request.
+
+    `script` is a list of replies (strings, exceptions to raise, or callables taking the request
+    kwargs), used in order; the last one repeats.
+    """
+
+    def __init__(self, *script: Any) -> None:
+        self.script = list(script)
+        self.requests: list[dict[str, Any]] = []
+
+    async def __call__(self, **kwargs: Any) -> Any:
+        self.requests.append(kwargs)
+        step = self.script[min(len(self.requests), len(self.script)) - 1]
+        if isinstance(step, BaseException):
+            raise step
+        if callable(step):
+            step = step(kwargs)
+        return step
+
+    @property
+    def calls(self) -> int:
+        return len(self.requests)
+
+
+def by_content(rule: Callable[[str], float]) -> Callable[[dict[str, Any]], str]:
+    """A reply that scores each shown trajectory by a rule over its text, ids in reverse order."""
+
+    def reply(kwargs: dict[str, Any]) -> str:
+        text = kwargs["messages"][1]["content"]
+        ids = judge_ids(kwargs["messages"])
+        scores = {}
+        for tid in ids:
+            body = text.split(f'id="{tid}">', 1)[1].split("</trajectory_", 1)[0]
+            scores[tid] = rule(body)
+        return scores_reply(scores, order=list(reversed(ids)))
+
+    return reply
+
+
+class LocalChatServer:
+    """A minimal OpenAI-compatible `/v1/chat/completions` endpoint on 127.0.0.1, in a thread.
+
+    `respond(body) -> (status, json)` decides each answer; requests are recorded.
+    """
+
+    def __init__(self, respond: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]) -> None:
+        self.respond = respond
+        self.requests: list[dict[str, Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body)
+                status, payload = server.respond(body)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __enter__(self) -> LocalChatServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def chat_completion(content: str, model: str = "local-judge") -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+    }
