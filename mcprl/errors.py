@@ -2,16 +2,61 @@
 
 ```
 MCPRLError
+├── ServerSpecError            a server spec or MCP config file cannot be used (ValueError)
+├── MCPConnectionError         an MCP server could not be reached, or the connection was lost
+│   └── MCPServerStartError    the server did not start: bad command, exited, hung, junk on stdout
+├── MCPServerError             the server answered, but not usably (no tools, a protocol error)
+├── ScenarioFileError          a scenario file has a bad line (ValueError)
+└── ScenarioGenerationError    could not produce the scenarios asked for
 ```
 
-Branches are added with the modules that raise them; dependencies' errors are converted where
-they are caught, with `raise ... from exc`.
+Dependencies' errors are converted where they are caught, with `raise ... from exc`, so the cause
+stays visible. A tool that fails is not an error here: it becomes text for the agent.
 """
 
 from __future__ import annotations
 
-__all__ = ["MCPRLError"]
+__all__ = [
+    "MCPConnectionError",
+    "MCPRLError",
+    "MCPServerError",
+    "MCPServerStartError",
+    "ScenarioFileError",
+    "ScenarioGenerationError",
+    "ServerSpecError",
+]
 
 
 class MCPRLError(Exception):
     """Base class of every error raised by mcprl."""
+
+
+class ServerSpecError(MCPRLError, ValueError):
+    """A server spec or MCP config file cannot be used; the message says how to fix it."""
+
+
+class MCPConnectionError(MCPRLError):
+    """An MCP server could not be reached or the connection broke. A new session may work."""
+
+    def __init__(self, message: str, *, server: str, stderr_tail: str = "") -> None:
+        if stderr_tail:
+            message = f"{message}\n--- end of the server's stderr ---\n{stderr_tail}"
+        super().__init__(message)
+        self.server = server
+        self.stderr_tail = stderr_tail
+
+
+class MCPServerStartError(MCPConnectionError):
+    """The server did not get through start-up and the MCP handshake."""
+
+
+class MCPServerError(MCPRLError):
+    """The server answered, but not in a usable way (for example, it offers no tools)."""
+
+
+class ScenarioFileError(MCPRLError, ValueError):
+    """A scenario file cannot be read; the message names the file, the line and the problem."""
+
+
+class ScenarioGenerationError(MCPRLError):
+    """Scenario generation could not produce what was asked within its budget of tries."""

@@ -77,3 +77,28 @@ socket.getaddrinfo = _guarded_getaddrinfo
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def mcp1_python() -> str:
+    """A Python interpreter with the 1.x MCP SDK, to run example servers on the old SDK.
+
+    Built once into a cache directory (pip from the package index), then reused.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(os.environ.get("MCPRL_TEST_CACHE", Path.home() / ".cache" / "mcprl-tests"))
+    venv = root / "mcp1-venv"
+    python = venv / "bin" / "python"
+    marker = venv / ".ready"
+    if not marker.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "mcp>=1.20,<2"],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
+        marker.write_text("ok")
+    return str(python)

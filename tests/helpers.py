@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 _ID = re.compile(r'<trajectory_[0-9a-f]+ id="([^"]+)">')
@@ -120,3 +127,52 @@ def chat_completion(content: str, model: str = "local-judge") -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
     }
+
+
+# -- MCP servers -----------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "servers"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def served(name: str, *, python: str = sys.executable, transport: str = "http") -> Iterator[str]:
+    """Run an example server over HTTP (or SSE) on 127.0.0.1 in a subprocess; yield its URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [python, str(EXAMPLES / f"{name}.py"), f"--{transport}", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err = proc.stderr.read().decode() if proc.poll() is not None else ""
+                raise RuntimeError(f"example server {name} did not start: {err[-2000:]}")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/{'sse' if transport == 'sse' else 'mcp'}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def load_example(name: str) -> Any:
+    """Import an example server module, for in-process sessions."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

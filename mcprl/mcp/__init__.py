@@ -1,0 +1,24 @@
+"""Talking to MCP servers: specs, sessions, tool results as text.
+
+`open_session(spec)` opens one session; `inspect_server(spec)` lists tools and resources once.
+"""
+
+from __future__ import annotations
+
+from mcprl.mcp._inspect import ServerInfo, inspect_server, openai_tools
+from mcprl.mcp._results import ToolResult
+from mcprl.mcp._session import MCPSession, open_session
+from mcprl.mcp._spec import EXAMPLE_SERVERS, ServerSpec, example_server_path, load_mcp_config
+
+__all__ = [
+    "EXAMPLE_SERVERS",
+    "MCPSession",
+    "ServerInfo",
+    "ServerSpec",
+    "ToolResult",
+    "example_server_path",
+    "inspect_server",
+    "load_mcp_config",
+    "open_session",
+    "openai_tools",
+]

@@ -1,0 +1,129 @@
+"""Server specs: how to reach an MCP server, parsed from what a user types.
+
+- `http://…` or `https://…`: streamable HTTP; a URL whose path ends in `/sse`: SSE.
+- `example:calculator`: one of the example servers shipped with mcprl, over stdio.
+- `servers.json` or `servers.json#name`: an MCP client config file (`{"mcpServers": {…}}`).
+- anything else: a command line, run as a subprocess speaking MCP over stdio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mcprl.errors import ServerSpecError
+
+__all__ = ["EXAMPLE_SERVERS", "ServerSpec", "example_server_path", "load_mcp_config"]
+
+EXAMPLE_SERVERS = ("calculator", "notes", "catalog")
+
+
+class ServerSpec(BaseModel):
+    """Where an MCP server is and how to talk to it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    transport: Literal["stdio", "http", "sse"]
+    name: str = Field(description="a short name for messages and logs")
+    command: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+
+    @classmethod
+    def parse(cls, spec: str | ServerSpec, *, env: dict[str, str] | None = None) -> ServerSpec:
+        if isinstance(spec, ServerSpec):
+            return spec
+        text = spec.strip()
+        if not text:
+            raise ServerSpecError("empty server spec: give a URL, a command, or a config file")
+        if text.startswith(("http://", "https://")):
+            path = urlparse(text).path.rstrip("/")
+            return cls(transport="sse" if path.endswith("/sse") else "http", name=text, url=text)
+        if text.startswith("example:"):
+            name = text.removeprefix("example:")
+            path = example_server_path(name)
+            return cls(transport="stdio", name=name, command=(sys.executable, str(path)), env=env)
+        file_part, _, entry = text.partition("#")
+        if file_part.endswith(".json") and (Path(file_part).is_file() or entry):
+            return load_mcp_config(file_part, entry or None)
+        try:
+            argv = tuple(shlex.split(text))
+        except ValueError as exc:
+            raise ServerSpecError(f"cannot parse the command {text!r}: {exc}") from exc
+        return cls(transport="stdio", name=Path(argv[0]).name, command=argv, env=env)
+
+    def describe(self) -> str:
+        if self.transport == "stdio":
+            return f"{self.name!r} (stdio: {shlex.join(self.command)})"
+        return f"{self.name!r} ({self.transport}: {self.url})"
+
+
+def example_server_path(name: str) -> Path:
+    """The script of a bundled example server (`calculator`, `notes`, `catalog`)."""
+    if name not in EXAMPLE_SERVERS:
+        raise ServerSpecError(
+            f"unknown example server {name!r}; choose one of {', '.join(EXAMPLE_SERVERS)}"
+        )
+    here = Path(__file__).resolve().parent.parent
+    for root in (here / "_examples" / "servers", here.parent / "examples" / "servers"):
+        if (root / f"{name}.py").is_file():
+            return root / f"{name}.py"
+    raise ServerSpecError(f"the example server {name!r} is not installed with this copy of mcprl")
+
+
+def load_mcp_config(path: str | os.PathLike[str], name: str | None = None) -> ServerSpec:
+    """A server from a config file in the `mcpServers` shape MCP clients use."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ServerSpecError(f"cannot read MCP config {p}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ServerSpecError(f"{p} is not valid JSON: {exc}") from exc
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    if not isinstance(servers, dict) or not servers:
+        raise ServerSpecError(f'{p} has no "mcpServers" object naming at least one server')
+    if name is None:
+        if len(servers) > 1:
+            raise ServerSpecError(
+                f"{p} defines {len(servers)} servers ({', '.join(servers)}); "
+                f"choose one with {p}#NAME"
+            )
+        name = next(iter(servers))
+    if name not in servers:
+        raise ServerSpecError(f"{p} has no server {name!r}; it has: {', '.join(servers)}")
+    return _from_config_entry(name, servers[name], p)
+
+
+def _from_config_entry(name: str, entry: Any, source: Path) -> ServerSpec:
+    if not isinstance(entry, dict):
+        raise ServerSpecError(f"{source}: server {name!r} must be an object")
+    if "url" in entry:
+        kind = str(entry.get("type") or entry.get("transport") or "").lower()
+        url = str(entry["url"])
+        if kind == "sse" or (not kind and urlparse(url).path.rstrip("/").endswith("/sse")):
+            transport = "sse"
+        else:
+            transport = "http"
+        return ServerSpec(transport=transport, name=name, url=url, headers=entry.get("headers"))
+    if "command" in entry:
+        args = entry.get("args") or []
+        if not isinstance(args, list):
+            raise ServerSpecError(f"{source}: server {name!r}: 'args' must be a list of strings")
+        return ServerSpec(
+            transport="stdio",
+            name=name,
+            command=(str(entry["command"]), *map(str, args)),
+            env={str(k): str(v) for k, v in (entry.get("env") or {}).items()} or None,
+            cwd=entry.get("cwd"),
+        )
+    raise ServerSpecError(f"{source}: server {name!r} needs either 'command' or 'url'")
