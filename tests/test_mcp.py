@@ -159,7 +159,7 @@ async def test_a_server_that_prints_junk_to_stdout(tmp_path):
         tmp_path, "import time\nprint('Starting up v1.2...', flush=True)\ntime.sleep(30)"
     )
     with pytest.raises(MCPServerStartError, match="not MCP JSON-RPC to stdout") as info:
-        async with open_session(spec, startup_timeout=5):
+        async with open_session(spec, startup_timeout=2):
             pass
     assert "Starting up v1.2" in str(info.value) and "server.py" in str(info.value)
 

@@ -48,9 +48,9 @@ def _part_text(part: Any) -> str:
 
 
 def _says_the_same(text: str, structured: Any) -> bool:
-    if isinstance(structured, dict) and list(structured) == ["result"]:
-        if text == str(structured["result"]):
-            return True
+    wrapped = isinstance(structured, dict) and list(structured) == ["result"]
+    if wrapped and text == str(structured["result"]):
+        return True
     try:
         parsed = json.loads(text)
     except (json.JSONDecodeError, TypeError):

@@ -132,7 +132,8 @@ class MCPSession:
         except MCPError as exc:
             if exc.code == _CONNECTION_CLOSED:
                 raise self._lost(what, exc) from exc
-            raise MCPServerError(f"{self.spec.describe()} failed while {what}: {exc.message}") from exc
+            message = f"{self.spec.describe()} failed while {what}: {exc.message}"
+            raise MCPServerError(message) from exc
         except _LOST as exc:
             raise self._lost(what, exc) from exc
 
