@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from ruler._api import score_group, score_group_sync
 from ruler._cache import JudgeCache, default_cache_path
-from ruler._judge import SCORES_SCHEMA, CompletionFn, Judge, RetryPolicy
+from ruler._judge import SCORES_SCHEMA, Judge
+from ruler._llm import CompletionFn, LLMClient, RetryPolicy
 from ruler._rubric import DEFAULT_RUBRIC
 from ruler._types import JudgeResult, JudgeScore, Message, Trajectory, Usage
 from ruler.errors import (
@@ -40,6 +41,7 @@ __all__ = [
     "JudgeParseError",
     "JudgeResult",
     "JudgeScore",
+    "LLMClient",
     "Message",
     "RetryPolicy",
     "RulerError",

@@ -13,8 +13,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import random
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -22,21 +20,18 @@ from typing import Any, Literal
 
 import anyio
 import anyio.lowlevel
-from pydantic import BaseModel
 
 from ruler._cache import JudgeCache, cache_key
+from ruler._llm import CompletionFn, LLMClient, RetryPolicy
 from ruler._parse import extract_json, validate_scores
 from ruler._render import Prompt, build_prompt
 from ruler._rubric import DEFAULT_RUBRIC
 from ruler._types import JudgeResult, JudgeScore, Trajectory, Usage, coerce_trajectory
-from ruler.errors import InvalidGroupError, JudgeAPIError, JudgeError, JudgeParseError
-from ruler.errors import status_code_of as _status
+from ruler.errors import InvalidGroupError, JudgeError, JudgeParseError
 
-__all__ = ["SCORES_SCHEMA", "CompletionFn", "Judge", "RetryPolicy"]
+__all__ = ["SCORES_SCHEMA", "Judge"]
 
 logger = logging.getLogger("ruler")
-
-CompletionFn = Callable[..., Awaitable[Any]]
 
 SCORES_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -58,76 +53,6 @@ SCORES_SCHEMA: dict[str, Any] = {
     "required": ["scores"],
     "additionalProperties": False,
 }
-
-_RESPONSE_FORMAT = {
-    "type": "json_schema",
-    "json_schema": {"name": "ruler_scores", "schema": SCORES_SCHEMA, "strict": True},
-}
-
-_TRANSIENT_STATUS = {408, 409, 425, 429}
-
-
-class RetryPolicy(BaseModel):
-    """Retries of transient API errors (rate limits, time-outs, connection errors, 5xx)."""
-
-    max_attempts: int = 4
-    initial_delay: float = 1.0
-    max_delay: float = 30.0
-    multiplier: float = 2.0
-
-    def delay(self, attempt: int) -> float:
-        base = min(self.max_delay, self.initial_delay * self.multiplier ** (attempt - 1))
-        return base * random.uniform(0.8, 1.2)
-
-
-def _is_transient(exc: BaseException) -> bool:
-    status = _status(exc)
-    if status is not None:
-        return status in _TRANSIENT_STATUS or status >= 500
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(
-        isinstance(exc, (TimeoutError, ConnectionError))
-        or names & {"APIConnectionError", "APITimeoutError", "Timeout", "TimeoutException"}
-    )
-
-
-def _litellm():
-    # LiteLLM fetches its price list from the internet at import unless told not to.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
-
-    litellm.suppress_debug_info = True
-    return litellm
-
-
-async def _litellm_acompletion(**kwargs: Any) -> Any:
-    return await _litellm().acompletion(**kwargs)
-
-
-def _field(obj: Any, name: str) -> Any:
-    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
-
-
-def _read_response(resp: Any) -> tuple[str, int, int]:
-    """(content, prompt_tokens, completion_tokens) from a completion object, dict or string."""
-    if isinstance(resp, str):
-        return resp, 0, 0
-    choices = _field(resp, "choices") or []
-    message = _field(choices[0], "message") if choices else None
-    content = _field(message, "content") if message is not None else None
-    usage = _field(resp, "usage")
-    prompt = _field(usage, "prompt_tokens") if usage is not None else 0
-    completion = _field(usage, "completion_tokens") if usage is not None else 0
-    return content or "", int(prompt or 0), int(completion or 0)
-
-
-def _cost(resp: Any) -> float | None:
-    if not type(resp).__module__.startswith("litellm"):
-        return None
-    try:
-        return float(_litellm().completion_cost(completion_response=resp))
-    except Exception:  # LiteLLM raises for models it has no price for
-        return None
 
 
 class Judge:
@@ -167,31 +92,26 @@ class Judge:
         max_prompt_chars: int | None = 120_000,
         structured_output: Literal["auto", "json_schema", "instructions"] = "auto",
     ) -> None:
-        if not model or not isinstance(model, str):
-            raise ValueError("Judge needs a model string such as 'openai/gpt-4.1-mini'")
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {max_concurrency}")
+        self.llm = LLMClient(
+            model,
+            api_base=api_base,
+            api_key=api_key,
+            temperature=temperature,
+            timeout=timeout,
+            extra_params=extra_params,
+            completion_fn=completion_fn,
+            retry=retry,
+            max_concurrency=max_concurrency,
+            structured_output=structured_output,
+        )
         self.model = model
         self.rubric = rubric
-        self.api_base = api_base
-        self.api_key = api_key
-        self.temperature = temperature
-        self.timeout = timeout
-        self.extra_params = dict(extra_params or {})
-        self.completion_fn = completion_fn or _litellm_acompletion
-        self.retry = retry or RetryPolicy()
         self.parse_retries = parse_retries
-        self.max_concurrency = max_concurrency
         self.max_prompt_chars = max_prompt_chars
-        self.structured_output = structured_output
         self.cache = _make_cache(cache)
-        self._schema_refused = False
-        self._limiters: weakref.WeakKeyDictionary[Any, anyio.CapacityLimiter] = (
-            weakref.WeakKeyDictionary()
-        )
 
     def __repr__(self) -> str:
-        return f"Judge({self.model!r}, api_base={self.api_base!r})"
+        return f"Judge({self.model!r}, api_base={self.llm.api_base!r})"
 
     # -- public -------------------------------------------------------------------------------
 
@@ -219,37 +139,9 @@ class Judge:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _use_schema(self) -> bool:
-        if self.structured_output != "auto":
-            return self.structured_output == "json_schema"
-        if self._schema_refused:
-            return False
-        if self.api_base or self.model.startswith("hosted_vllm/"):
-            return True  # OpenAI-compatible servers (vLLM, llama.cpp, mcprl) take json_schema
-        try:
-            return bool(_litellm().supports_response_schema(model=self.model))
-        except Exception:
-            return False
-
-    def _request(self, prompt: Prompt) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self.model, "messages": prompt.messages()}
-        kwargs.update(self.extra_params)
-        for name in ("api_base", "api_key", "temperature", "timeout"):
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
-        if (
-            self.api_base
-            and self.api_key is None
-            and self.model.startswith("openai/")
-            and not os.environ.get("OPENAI_API_KEY")
-        ):
-            # Local OpenAI-compatible servers take any key, but the OpenAI client insists on one.
-            kwargs["api_key"] = "EMPTY"
-        return kwargs
-
     async def _score(self, group: list[Trajectory], rubric: str) -> JudgeResult:
         prompt = build_prompt(group, rubric, self.max_prompt_chars)
-        request = self._request(prompt)
+        request = self.llm.request(prompt.messages())
         key = None
         if self.cache is not None:
             key = cache_key({k: v for k, v in request.items() if k not in ("api_key", "timeout")})
@@ -269,7 +161,9 @@ class Judge:
         request = copy.deepcopy(request)
         reply, problems = "", []
         for asked in range(self.parse_retries + 1):
-            reply = await self._call(request, usage)
+            reply = await self.llm.complete(
+                request, usage, schema=SCORES_SCHEMA, schema_name="ruler_scores"
+            )
             obj, problem = extract_json(reply)
             if obj is not None:
                 by_id, problems = validate_scores(obj, prompt.judge_ids)
@@ -289,44 +183,6 @@ class Judge:
             raw_reply=reply,
             problems=problems,
         )
-
-    async def _call(self, request: dict[str, Any], usage: Usage) -> str:
-        attempt = 0
-        while True:
-            attempt += 1
-            kwargs = dict(request)
-            if self._use_schema():
-                kwargs["response_format"] = _RESPONSE_FORMAT
-            try:
-                async with self._limiter():
-                    resp = await self.completion_fn(**kwargs)
-            except Exception as exc:
-                if (
-                    "response_format" in kwargs
-                    and self.structured_output == "auto"
-                    and _status(exc) == 400
-                ):
-                    logger.info(
-                        "ruler: %s refused a JSON schema (%s); using instructions", self, exc
-                    )
-                    self._schema_refused = True
-                    continue
-                if _is_transient(exc) and attempt < self.retry.max_attempts:
-                    delay = self.retry.delay(attempt)
-                    logger.warning("ruler: judge call failed (%s); retry in %.1fs", exc, delay)
-                    await anyio.sleep(delay)
-                    continue
-                raise JudgeAPIError.from_exception(exc, model=self.model, attempts=attempt) from exc
-            content, prompt_tokens, completion_tokens = _read_response(resp)
-            usage.add(prompt_tokens, completion_tokens, _cost(resp))
-            return content
-
-    def _limiter(self) -> anyio.CapacityLimiter:
-        loop = anyio.lowlevel.current_token().native_token
-        limiter = self._limiters.get(loop)
-        if limiter is None:
-            limiter = self._limiters[loop] = anyio.CapacityLimiter(self.max_concurrency)
-        return limiter
 
 
 def _make_cache(cache: bool | str | os.PathLike[str] | JudgeCache | None) -> JudgeCache | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -49,8 +50,15 @@ def _looks_like_scores(obj: Any) -> bool:
     return isinstance(obj, list) and bool(obj) and all(isinstance(x, dict) for x in obj)
 
 
-def extract_json(text: str) -> tuple[Any | None, str | None]:
-    """Return (object, None) or (None, problem). Recovers fenced or prose-wrapped JSON."""
+def extract_json(
+    text: str, accept: Callable[[Any], bool] | None = None, what: str = "a 'scores' list"
+) -> tuple[Any | None, str | None]:
+    """Return (object, None) or (None, problem). Recovers fenced or prose-wrapped JSON.
+
+    `accept` says which JSON values are candidates (default: a scores reply); when several
+    different candidates are found the reply is ambiguous and nothing is returned.
+    """
+    accept = accept or _looks_like_scores
     stripped = text.strip()
     try:
         return json.loads(stripped), None
@@ -58,15 +66,15 @@ def extract_json(text: str) -> tuple[Any | None, str | None]:
         pass
     blocks = [b for b in _FENCE.findall(text) if b.strip()]
     for pool in (blocks, [text]):
-        found = [c for chunk in pool for c in _candidates(chunk) if _looks_like_scores(c)]
+        found = [c for chunk in pool for c in _candidates(chunk) if accept(c)]
         distinct = {json.dumps(c, sort_keys=True) for c in found}
         if len(distinct) == 1:
             return found[0], None
         if len(distinct) > 1:
-            return None, f"the reply contains {len(distinct)} different JSON objects with scores"
+            return None, f"the reply contains {len(distinct)} different JSON values with {what}"
     if not stripped:
         return None, "the reply was empty"
-    return None, "no JSON object with a 'scores' list was found in the reply"
+    return None, f"no JSON object with {what} was found in the reply"
 
 
 def validate_scores(obj: Any, expected_ids: list[str]) -> tuple[dict[str, RawScore], list[str]]:

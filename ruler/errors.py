@@ -44,7 +44,7 @@ class JudgeAPIError(JudgeError):
         tried = f" after {attempts} attempts" if attempts > 1 else ""
         hint = _HINTS.get(status or 0, "")
         return cls(
-            f"judge {model!r} failed{tried} ({status_text}): {type(exc).__name__}: {exc}{hint}",
+            f"call to {model!r} failed{tried} ({status_text}): {type(exc).__name__}: {exc}{hint}",
             model=model,
             status_code=status,
         )

@@ -32,7 +32,7 @@ def _num(x: float) -> float:
     """Round away binary noise (0.1 + 0.2) so answers read as people write them."""
     if math.isinf(x) or math.isnan(x):
         raise ToolError("the result is not a finite number")
-    r = round(x, 10)
+    r = round(float(x), 10)
     return int(r) if r.is_integer() and abs(r) < 2**53 else r
 
 
