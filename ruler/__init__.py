@@ -17,6 +17,7 @@ from ruler._api import score_group, score_group_sync
 from ruler._cache import JudgeCache, default_cache_path
 from ruler._judge import SCORES_SCHEMA, Judge
 from ruler._llm import CompletionFn, LLMClient, RetryPolicy
+from ruler._parse import extract_json
 from ruler._rubric import DEFAULT_RUBRIC
 from ruler._types import JudgeResult, JudgeScore, Message, Trajectory, Usage
 from ruler.errors import (
@@ -49,6 +50,7 @@ __all__ = [
     "Usage",
     "__version__",
     "default_cache_path",
+    "extract_json",
     "score_group",
     "score_group_sync",
 ]

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from mcprl.mcp._inspect import ServerInfo, inspect_server, openai_tools
+from mcprl.mcp._inspect import ResourceInfo, ServerInfo, ToolInfo, inspect_server, openai_tools
 from mcprl.mcp._results import ToolResult
 from mcprl.mcp._session import MCPSession, open_session
 from mcprl.mcp._spec import EXAMPLE_SERVERS, ServerSpec, example_server_path, load_mcp_config
@@ -13,8 +13,10 @@ from mcprl.mcp._spec import EXAMPLE_SERVERS, ServerSpec, example_server_path, lo
 __all__ = [
     "EXAMPLE_SERVERS",
     "MCPSession",
+    "ResourceInfo",
     "ServerInfo",
     "ServerSpec",
+    "ToolInfo",
     "ToolResult",
     "example_server_path",
     "inspect_server",

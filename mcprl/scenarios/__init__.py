@@ -1,0 +1,25 @@
+"""Practice tasks for an MCP server's tools: types, files, and two generators.
+
+- `generate_scenarios`: an LLM (any LiteLLM model) writes tasks from the tools and resources.
+- `grounded_scenarios`: no LLM; tasks built from the input schemas and checked on the live
+  server, with reference calls and answers.
+"""
+
+from __future__ import annotations
+
+from mcprl.scenarios._dedupe import Deduper, normalize
+from mcprl.scenarios._grounded import grounded_scenarios
+from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
+from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
+
+__all__ = [
+    "SCENARIOS_SCHEMA",
+    "Deduper",
+    "Reference",
+    "ReferenceCall",
+    "Scenario",
+    "ScenarioSet",
+    "generate_scenarios",
+    "grounded_scenarios",
+    "normalize",
+]

@@ -1,0 +1,278 @@
+"""Schema-grounded scenarios: tasks built from the tools' own schemas, with verified answers.
+
+No LLM is involved. For each task, arguments are sampled from a tool's input schema, the tool is
+called on the live server (in a fresh session, as an attempt will be), and the task text is
+written from the tool's description and the arguments. Chains feed a value from one result (an
+id, a number) into the next call, making multi-step tasks. Every scenario carries its reference
+calls with the results the server returned, and an expected answer where one can be read off.
+
+    scenarios = await grounded_scenarios("example:catalog", n=40, seed=0)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from mcprl.errors import ScenarioGenerationError
+from mcprl.mcp import ServerInfo, ToolInfo, inspect_server, open_session
+from mcprl.scenarios._dedupe import Deduper
+from mcprl.scenarios._sampling import SchemaSampler, ValuePool, _is_id_name, harvest
+from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
+
+__all__ = ["grounded_scenarios"]
+
+logger = logging.getLogger(__name__)
+
+_ANSWER_KEYS = ("value", "result", "count", "total")
+
+
+@dataclass
+class _Step:
+    tool: ToolInfo
+    arguments: dict[str, Any]
+    result_text: str
+    link: tuple[str, str] | None = None  # (parameter, how the value was taken from the last step)
+
+    @property
+    def result(self) -> Any:
+        return harvest(self.result_text)
+
+
+@dataclass
+class _Link:
+    param: str
+    value: Any
+    phrase: str
+
+
+def _links(result: Any, tool: ToolInfo) -> list[_Link]:
+    """Ways to feed a value from `result` into one of `tool`'s parameters."""
+    props = tool.input_schema.get("properties") or {}
+    out = []
+    for name, prop in props.items():
+        kind = prop.get("type")
+        if "enum" in prop or (kind is None and "anyOf" in prop):
+            continue
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
+            if kind in ("number", "integer") and name not in ("limit", "n"):
+                out.append(_Link(name, result, "the result of the previous step"))
+        elif isinstance(result, dict):
+            out.extend(_links_from_dict(result, name, kind))
+    return out
+
+
+def _links_from_dict(result: dict, name: str, kind: Any) -> list[_Link]:
+    out = []
+    lists = [(k, v) for k, v in result.items() if isinstance(v, list) and v]
+    for key, items in lists:
+        ids = [i.get("id") for i in items if isinstance(i, dict) and "id" in i]
+        if not ids:
+            continue
+        singular = key.rstrip("s")
+        if kind == "array" and _is_id_name(name.rstrip("s")):
+            out.append(_Link(name, ids, f"the ids of all {key} found in the previous step"))
+        elif _is_id_name(name) and kind in ("string", "integer"):
+            out.append(_Link(name, ids[0], f"the id of the first {singular} found before"))
+    if "id" in result and _is_id_name(name) and kind in ("string", "integer"):
+        out.append(_Link(name, result["id"], "the id returned by the previous step"))
+    for key in _ANSWER_KEYS:
+        value = result.get(key)
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if numeric and kind in ("number", "integer") and name not in ("limit", "n"):
+            out.append(_Link(name, value, f"the {key} from the previous step"))
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _sentence(description: str) -> str:
+    first = " ".join(description.split())
+    first = first.split(". ")[0].rstrip(".")
+    return first or "Use the right tool"
+
+
+def _instruction(step: _Step) -> str:
+    args = [(k, v) for k, v in step.arguments.items() if not step.link or k != step.link[0]]
+    parts = [f"{k} = {_fmt(v)}" for k, v in args]
+    if step.link:
+        parts.insert(0, f"{step.link[0]} = {step.link[1]}")
+    given = f" ({', '.join(parts)})" if parts else ""
+    return f"{_sentence(step.tool.description)}{given}."
+
+
+def _question(result: Any, rng: random.Random) -> tuple[str, str | None]:
+    """What to ask about the final result, and the expected answer."""
+    if isinstance(result, bool) or result is None:
+        return "Report the result.", None
+    if isinstance(result, (int, float, str)):
+        return "Report the result.", str(result)
+    if isinstance(result, dict):
+        for key in _ANSWER_KEYS:
+            if isinstance(result.get(key), (int, float, str)) and not isinstance(
+                result.get(key), bool
+            ):
+                label = "how many there are" if key == "count" else f"the {key}"
+                return f"Report {label}.", str(result[key])
+        fields = [
+            k
+            for k, v in result.items()
+            if isinstance(v, (int, float, str)) and not isinstance(v, bool) and not _is_id_name(k)
+        ]
+        if fields:
+            key = rng.choice(fields)
+            return f'What is the "{key}" in the final result?', str(result[key])
+    return "Report what you found.", None
+
+
+def _difficulty(steps: list[_Step]) -> int:
+    if len(steps) == 1:
+        return 2 if len(steps[0].arguments) >= 3 else 1
+    distinct = len({s.tool.name for s in steps})
+    return min(5, 2 * len(steps) - 1 + (distinct >= 3))
+
+
+def _render(steps: list[_Step], rng: random.Random, seed: int) -> Scenario:
+    question, answer = _question(steps[-1].result, rng)
+    if len(steps) == 1:
+        text = f"{_instruction(steps[0])} {question}"
+    else:
+        lines = [f"Step {i}: {_instruction(s)}" for i, s in enumerate(steps, start=1)]
+        text = " ".join(lines) + f" {question}"
+    text += " Finish with a short summary."
+    numeric = answer is not None and _is_number(answer)
+    reference = Reference(
+        answer=answer,
+        tolerance=1e-3 if numeric else None,
+        calls=[
+            ReferenceCall(tool=s.tool.name, arguments=s.arguments, result=s.result_text)
+            for s in steps
+        ],
+    )
+    digest = hashlib.sha256(f"{seed}:{text}".encode()).hexdigest()[:10]
+    tags = ["grounded", *dict.fromkeys(s.tool.name for s in steps)]
+    return Scenario(
+        id=f"grounded-{digest}",
+        task=text,
+        difficulty=_difficulty(steps),
+        reference=reference,
+        tags=tags,
+    )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+async def _attempt_chain(
+    server: Any,
+    info: ServerInfo,
+    sampler: SchemaSampler,
+    rng: random.Random,
+    length: int,
+    session_options: dict[str, Any],
+) -> list[_Step]:
+    steps: list[_Step] = []
+    async with open_session(server, **session_options) as session:
+        # A failed call rarely changes state, so the first step may be retried in this session.
+        for _ in range(4):
+            tool = rng.choice(info.tools)
+            args = sampler.arguments(tool.input_schema)
+            result = await session.call_tool(tool.name, args)
+            if not result.is_error:
+                break
+        else:
+            return []
+        sampler.pool.learn(harvest(result.text))
+        steps.append(_Step(tool, args, result.text))
+        while len(steps) < length:
+            options = [
+                (t, link)
+                for t in info.tools
+                if t.name != steps[-1].tool.name
+                for link in _links(steps[-1].result, t)
+            ]
+            if not options:
+                break
+            tool, link = rng.choice(options)
+            args = sampler.arguments(tool.input_schema, fixed={link.param: link.value})
+            result = await session.call_tool(tool.name, args)
+            if result.is_error:
+                break
+            sampler.pool.learn(harvest(result.text))
+            steps.append(_Step(tool, args, result.text, link=(link.param, link.phrase)))
+    return steps
+
+
+async def _warm_up(
+    server: Any, info: ServerInfo, sampler: SchemaSampler, session_options: dict[str, Any]
+) -> None:
+    """Call every tool a few times to learn what values the server deals in."""
+    async with open_session(server, **session_options) as session:
+        for _ in range(3):
+            for tool in info.tools:
+                result = await session.call_tool(tool.name, sampler.arguments(tool.input_schema))
+                if not result.is_error:
+                    sampler.pool.learn(harvest(result.text))
+
+
+def _checkable(scenario: Scenario) -> bool:
+    """Answers a person could check: no astronomically large numbers."""
+    answer = scenario.reference.answer if scenario.reference else None
+    return answer is None or not _is_number(answer) or abs(float(answer)) < 1e9
+
+
+async def grounded_scenarios(
+    server: Any,
+    n: int = 24,
+    *,
+    seed: int = 0,
+    chain_fraction: float = 0.5,
+    max_steps: int = 3,
+    max_attempts: int | None = None,
+    info: ServerInfo | None = None,
+    **session_options: Any,
+) -> ScenarioSet:
+    """Build `n` distinct scenarios with verified references from a live server."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    info = info or await inspect_server(server, **session_options)
+    rng = random.Random(seed)
+    sampler = SchemaSampler(rng, ValuePool.from_server(info))
+    deduper = Deduper(threshold=0.95)
+    await _warm_up(server, info, sampler, session_options)
+    out: list[Scenario] = []
+    budget = max_attempts if max_attempts is not None else 12 * n
+    failed = 0
+    for _ in range(budget):
+        length = 1 if rng.random() >= chain_fraction else rng.randint(2, max_steps)
+        steps = await _attempt_chain(server, info, sampler, rng, length, session_options)
+        if not steps:
+            failed += 1
+            continue
+        if length > 1 and len(steps) == 1 and rng.random() < 0.5:
+            continue  # a chain that could not continue; keep some as single steps
+        scenario = _render(steps, rng, seed)
+        if _checkable(scenario) and deduper.add(scenario.task):
+            out.append(scenario)
+            if len(out) == n:
+                return ScenarioSet(out)
+    raise ScenarioGenerationError(
+        f"built {len(out)} of {n} distinct scenarios for {info.name!r} in {budget} attempts "
+        f"({failed} first calls failed); the server may need arguments this sampler cannot "
+        "guess: use an LLM generator (--generator) or a smaller -n"
+    )

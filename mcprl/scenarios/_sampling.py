@@ -1,0 +1,216 @@
+"""Sampling tool arguments that satisfy a JSON schema, from values the server itself shows.
+
+Strings come from the schema (enums, examples, defaults), the server's resources and
+descriptions, and the results of earlier calls (titles, names, ids); numbers are small "nice"
+values inside the schema's bounds. Optional arguments are usually left out, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from typing import Any
+
+from mcprl.mcp._inspect import ServerInfo
+
+__all__ = ["SKIP", "SchemaSampler", "ValuePool", "harvest"]
+
+SKIP = object()  # "leave this optional argument out"
+
+_FALLBACK_PHRASES = [
+    "weekly groceries",
+    "project kickoff",
+    "call the dentist",
+    "team meeting notes",
+    "birthday gift ideas",
+    "reading list",
+    "travel plans",
+    "quarterly report",
+]
+_SMALL_INT_NAMES = {"n", "exponent", "power", "degree", "k", "count", "limit", "top"}
+_PHRASE = re.compile(r"[A-Za-z][A-Za-z .'\-]{2,40}[A-Za-z]")
+
+
+def _is_id_name(name: str) -> bool:
+    return name == "id" or name.endswith(("_id", "Id"))
+
+
+class ValuePool:
+    """Values seen on the server, to draw realistic arguments from."""
+
+    def __init__(self) -> None:
+        self.phrases: list[str] = []  # from resources and descriptions
+        self.learned: list[str] = []  # names and titles seen in results
+        self.ids: list[Any] = []
+        self.by_key: dict[str, list[Any]] = {}  # scalar values seen under each result key
+
+    @classmethod
+    def from_server(cls, info: ServerInfo) -> ValuePool:
+        pool = cls()
+        for r in info.resources:
+            if r.text:
+                pool.add_phrases(re.split(r"[,;:\n]", r.text))
+        return pool
+
+    def add_phrases(self, candidates: list[str], into: list[str] | None = None) -> None:
+        target = self.phrases if into is None else into
+        for c in candidates:
+            c = c.strip().strip(".")
+            words = c.split()
+            if 1 <= len(words) <= 5 and _PHRASE.fullmatch(c) and c not in target:
+                target.append(c)
+
+    def learn(self, value: Any) -> None:
+        """Take ids, names and other values from a tool result (parsed JSON)."""
+        for key, v in _walk(value):
+            if key is None or isinstance(v, (dict, list, bool)) or v is None:
+                continue
+            if _is_id_name(key):
+                if v not in self.ids:
+                    self.ids.append(v)
+                continue
+            seen = self.by_key.setdefault(key, [])
+            if v not in seen and len(seen) < 200:
+                seen.append(v)
+            if isinstance(v, str) and key in ("title", "name", "author"):
+                self.add_phrases([v], into=self.learned)
+
+    def observed(self, name: str, numeric: bool) -> list[Any]:
+        """Values seen under a result key that this parameter name refers to (max_price: price)."""
+        for key, values in self.by_key.items():
+            if key == name or (len(key) > 2 and key in name.split("_")):
+                matching = [v for v in values if isinstance(v, (int, float)) == numeric]
+                if matching:
+                    return matching
+        return []
+
+
+def _walk(value: Any, key: str | None = None):
+    yield key, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, str(k))
+    elif isinstance(value, list):
+        for v in value:
+            yield from _walk(v, key)
+
+
+def harvest(text: str) -> Any:
+    """A tool result's text as JSON where it is JSON, else the text."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return text
+
+
+class SchemaSampler:
+    def __init__(self, rng: random.Random, pool: ValuePool, defs: dict[str, Any] | None = None):
+        self.rng = rng
+        self.pool = pool
+        self.defs = defs or {}
+
+    def arguments(self, schema: dict[str, Any], fixed: dict[str, Any] | None = None) -> dict:
+        """Arguments for a tool's input schema; `fixed` ones are used as given."""
+        self.defs = schema.get("$defs", schema.get("definitions", {}))
+        required = set(schema.get("required", []))
+        args = dict(fixed or {})
+        for name, prop in (schema.get("properties") or {}).items():
+            if name in args:
+                continue
+            if name not in required and self.rng.random() > 0.25:
+                continue
+            value = self.value(prop, name)
+            for _ in range(5):  # two enum arguments (from_unit, to_unit) should differ
+                if value not in [v for k, v in args.items() if k != name] or "enum" not in prop:
+                    break
+                value = self.value(prop, name)
+            if value is not SKIP:
+                args[name] = value
+        return args
+
+    def value(self, schema: dict[str, Any], name: str = "") -> Any:
+        schema = self._resolve(schema)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                options = [o for o in schema[key] if self._resolve(o).get("type") != "null"]
+                return self.value(self.rng.choice(options), name) if options else None
+        if "enum" in schema:
+            return self.rng.choice(schema["enum"])
+        if "const" in schema:
+            return schema["const"]
+        if schema.get("examples"):
+            return self.rng.choice(schema["examples"])
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "string")
+        if kind == "boolean":
+            return self.rng.random() < 0.5
+        if kind in ("integer", "number"):
+            return self._number(schema, name, integer=kind == "integer")
+        if kind == "array":
+            return self._array(schema, name)
+        if kind == "object":
+            return self.arguments(schema)
+        return self._string(schema, name)
+
+    def _resolve(self, schema: dict[str, Any]) -> dict[str, Any]:
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            return self.defs.get(ref.rsplit("/", 1)[-1], {})
+        return schema
+
+    def _number(self, schema: dict[str, Any], name: str, integer: bool) -> float:
+        seen = self.pool.observed(name, numeric=True)
+        if seen and self.rng.random() < 0.8:
+            value = self.rng.choice(seen)
+            return int(value) if integer else value
+        lo = schema.get("minimum", schema.get("exclusiveMinimum"))
+        hi = schema.get("maximum", schema.get("exclusiveMaximum"))
+        if name.lower() in _SMALL_INT_NAMES:
+            lo, hi, integer = max(lo or 2, 2), min(hi or 4, 5), True
+        lo = 1 if lo is None else lo
+        hi = max(lo + 1, 120 if hi is None else hi)
+        if integer or self.rng.random() < 0.6:
+            value: float = self.rng.randint(int(lo) + ("exclusiveMinimum" in schema), int(hi))
+        else:
+            value = round(self.rng.uniform(lo, hi), self.rng.choice([1, 2]))
+        return int(value) if integer else value
+
+    def _array(self, schema: dict[str, Any], name: str) -> list[Any]:
+        items = self._resolve(schema.get("items", {}))
+        if _is_id_name(name.rstrip("s")) and self.pool.ids:
+            k = min(len(self.pool.ids), self.rng.randint(2, 4))
+            return self.rng.sample(self.pool.ids, k)
+        lo = max(1, schema.get("minItems", 1))
+        hi = max(lo, min(schema.get("maxItems", 3), 3))
+        out: list[Any] = []
+        for _ in range(4 * hi):
+            value = self.value(items, name.rstrip("s"))
+            if value not in out:
+                out.append(value)
+            if len(out) >= hi:
+                break
+        return out[: max(lo, self.rng.randint(lo, hi))]
+
+    def _string(self, schema: dict[str, Any], name: str) -> str:
+        if _is_id_name(name) and self.pool.ids:
+            return str(self.rng.choice(self.pool.ids))
+        if isinstance(schema.get("default"), str) and schema["default"]:
+            return schema["default"]
+        seen = [v for v in self.pool.observed(name, numeric=False) if isinstance(v, str)]
+        if seen and self.rng.random() < 0.5:
+            return self.rng.choice(seen)
+        if name in ("query", "search", "q", "keyword"):
+            words = self.pool.phrases + self.pool.learned or _FALLBACK_PHRASES
+        else:
+            words = self.pool.phrases + _FALLBACK_PHRASES
+        words = [p for p in words if len(p.split()) <= 3]
+        phrase = self.rng.choice(words)
+        if name in ("body", "text", "content", "description", "message"):
+            return f"Remember: {phrase}, then follow up by Friday."
+        if name in ("tag", "tags", "label", "category"):
+            return phrase.split()[-1].lower()
+        if name in ("title",):
+            return phrase.capitalize()
+        return phrase.lower() if name in ("query", "search", "q", "keyword") else phrase

@@ -1,0 +1,181 @@
+"""Scenarios: practice tasks, their references, and sets of them on disk (JSONL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mcprl.errors import ScenarioFileError
+
+__all__ = ["Reference", "ReferenceCall", "Scenario", "ScenarioSet"]
+
+
+class ReferenceCall(BaseModel):
+    """A tool call that solves (part of) the task, with what the server returned for it."""
+
+    model_config = ConfigDict(extra="forbid")
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: str | None = None
+
+
+class Reference(BaseModel):
+    """What a correct attempt looks like: an expected answer and/or the calls that get there."""
+
+    model_config = ConfigDict(extra="forbid")
+    answer: str | None = None
+    tolerance: float | None = Field(
+        default=None, ge=0, description="relative tolerance when the answer is a number"
+    )
+    calls: list[ReferenceCall] = Field(default_factory=list)
+
+
+class Scenario(BaseModel):
+    """One practice task."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1)
+    task: str = Field(min_length=1)
+    difficulty: int = Field(ge=1, le=5)
+    reference: Reference | None = None
+    tags: list[str] = Field(default_factory=list)
+    split: Literal["train", "val"] | None = None
+
+
+class ScenarioSet:
+    """An ordered set of scenarios with unique ids, a train/val split and JSONL I/O."""
+
+    def __init__(self, scenarios: Iterable[Scenario] = ()) -> None:
+        self.scenarios: list[Scenario] = list(scenarios)
+        seen: set[str] = set()
+        for s in self.scenarios:
+            if s.id in seen:
+                raise ValueError(f"duplicate scenario id {s.id!r}")
+            seen.add(s.id)
+
+    def __len__(self) -> int:
+        return len(self.scenarios)
+
+    def __iter__(self) -> Iterator[Scenario]:
+        return iter(self.scenarios)
+
+    def __getitem__(self, i: int) -> Scenario:
+        return self.scenarios[i]
+
+    def __repr__(self) -> str:
+        return f"ScenarioSet({len(self)} scenarios, histogram={self.histogram()})"
+
+    # -- splits and filters --------------------------------------------------------------------
+
+    def with_split(self, val_fraction: float = 0.25, seed: int = 0) -> ScenarioSet:
+        """Assign train/val to scenarios that have no split yet, reproducibly (by seed).
+
+        The split is stratified by difficulty so both sides see every level.
+        """
+        if not 0 <= val_fraction < 1:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        rng = random.Random(seed)
+        out = [s.model_copy() for s in self.scenarios]
+        by_level: dict[int, list[Scenario]] = {}
+        for s in out:
+            if s.split is None:
+                by_level.setdefault(s.difficulty, []).append(s)
+        carry = 0.0
+        for level in sorted(by_level):
+            group = by_level[level]
+            rng.shuffle(group)
+            exact = len(group) * val_fraction + carry
+            n_val = int(exact + 0.5)
+            carry = exact - n_val
+            for i, s in enumerate(group):
+                s.split = "val" if i < n_val else "train"
+        return ScenarioSet(out)
+
+    @property
+    def train(self) -> ScenarioSet:
+        return ScenarioSet(s for s in self.scenarios if s.split != "val")
+
+    @property
+    def val(self) -> ScenarioSet:
+        return ScenarioSet(s for s in self.scenarios if s.split == "val")
+
+    def filter(self, min_difficulty: int = 1, max_difficulty: int = 5) -> ScenarioSet:
+        return ScenarioSet(
+            s for s in self.scenarios if min_difficulty <= s.difficulty <= max_difficulty
+        )
+
+    def histogram(self) -> dict[int, int]:
+        counts = Counter(s.difficulty for s in self.scenarios)
+        return {level: counts.get(level, 0) for level in range(1, 6)}
+
+    def format_histogram(self, width: int = 30) -> str:
+        hist = self.histogram()
+        top = max(hist.values(), default=0) or 1
+        lines = [
+            f"  difficulty {level}: {'█' * round(width * n / top):<{width}} {n}"
+            for level, n in hist.items()
+        ]
+        return "\n".join(lines)
+
+    # -- files ---------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> ScenarioSet:
+        """Read a JSONL file; a bad line raises `ScenarioFileError` naming it and the problem."""
+        p = Path(path)
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ScenarioFileError(f"cannot read scenario file {p}: {exc}") from exc
+        scenarios: list[Scenario] = []
+        seen: dict[str, int] = {}
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                s = Scenario.model_validate_json(line)
+            except ValidationError as exc:
+                raise ScenarioFileError(f"{p} line {n}: {_describe(exc)}") from None
+            if s.id in seen:
+                raise ScenarioFileError(
+                    f"{p} line {n}: scenario id {s.id!r} is already used on line {seen[s.id]}"
+                )
+            seen[s.id] = n
+            scenarios.append(s)
+        if not scenarios:
+            raise ScenarioFileError(f"{p} has no scenarios (one JSON object per line expected)")
+        return cls(scenarios)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write JSONL atomically: a crash mid-write leaves the old file intact."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                for s in self.scenarios:
+                    f.write(s.model_dump_json(exclude_none=True) + "\n")
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return p
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    if first["type"] == "json_invalid":
+        return f"not valid JSON ({first['msg']}); each line must be one scenario object"
+    where = ".".join(str(p) for p in first["loc"]) or "the line"
+    value = first.get("input")
+    shown = "" if isinstance(value, dict) else f" (got {json.dumps(value, default=str)[:60]})"
+    more = f" and {len(exc.errors()) - 1} more problem(s)" if len(exc.errors()) > 1 else ""
+    return f"{where}: {first['msg']}{shown}{more}"
