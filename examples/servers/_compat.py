@@ -28,7 +28,7 @@ __all__ = ["MCP_MAJOR", "Context", "ToolError", "make_server", "serve", "session
 
 
 def make_server(name: str, instructions: str) -> Any:
-    return MCPServer(name, instructions=instructions)
+    return MCPServer(name, instructions=instructions, log_level="WARNING")
 
 
 def session_key(ctx: Any) -> str:

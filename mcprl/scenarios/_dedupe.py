@@ -13,6 +13,7 @@ _WORD = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?")
 def normalize(text: str) -> str:
     """Lower case, accents and punctuation dropped, whitespace folded."""
     text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    text = text.replace("'", "")  # "Verne's" and "Vernes" are the same word
     return " ".join(_WORD.findall(text.lower()))
 
 

@@ -1,0 +1,70 @@
+"""The `mcprl` command line: tools and scenarios."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mcprl.cli import main
+from mcprl.scenarios import ScenarioSet
+from tests.helpers import LocalChatServer, chat_completion
+
+
+def test_tools_lists_names_arguments_and_resources(capsys):
+    assert main(["tools", "example:catalog"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("catalog: 5 tools, 1 resource\n")
+    assert "search_books(query: string, limit?: integer)" in out
+    assert "aggregate(book_ids: array, field: price|pages|rating|year|in_stock" in out
+    assert "catalog://about" in out
+
+
+def test_tools_json_is_machine_readable(capsys):
+    assert main(["tools", "example:calculator", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["name"] == "calculator"
+    assert {t["name"] for t in data["tools"]} >= {"add", "convert_units"}
+
+
+def test_tools_reports_a_server_that_cannot_start(capsys):
+    assert main(["tools", "python -c 'import sys; sys.exit(\"no config\")'"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mcprl: error: could not start MCP server") and "no config" in err
+
+
+def test_scenarios_without_a_provider_uses_the_grounded_generator(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MCPRL_GENERATOR", raising=False)
+    out = tmp_path / "cat.jsonl"
+    assert main(["scenarios", "example:catalog", "-n", "6", "-o", str(out), "--seed", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "no LLM provider is configured" in captured.err and "grounded" in captured.err
+    assert "wrote 6 scenarios" in captured.out and "difficulty 1:" in captured.out
+    scenarios = ScenarioSet.load(out)
+    assert len(scenarios) == 6 and all(s.reference for s in scenarios)
+    assert {s.split for s in scenarios} == {"train", "val"}
+
+
+def test_scenarios_with_an_llm_generator_on_a_local_endpoint(tmp_path, capsys):
+    counter = iter(range(100))
+
+    def respond(body):
+        k = next(counter)
+        items = [{"task": f"Convert {k * 10 + j} km to miles.", "difficulty": 1} for j in range(4)]
+        return 200, chat_completion(json.dumps({"scenarios": items}))
+
+    out = tmp_path / "calc.jsonl"
+    with LocalChatServer(respond) as server:
+        args = ["scenarios", "example:calculator", "-n", "4", "-o", str(out)]
+        code = main([*args, "--generator", "openai/local", "--api-base", server.base_url])
+    assert code == 0
+    assert [s.task for s in ScenarioSet.load(out)] == [
+        f"Convert {j} km to miles." for j in range(4)
+    ]
+    assert "Convert 0 km to miles." in capsys.readouterr().out
+
+
+def test_scenarios_needs_an_output_file(capsys):
+    with pytest.raises(SystemExit):
+        main(["scenarios", "example:calculator"])
+    assert "-o/--output" in capsys.readouterr().err

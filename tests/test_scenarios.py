@@ -1,0 +1,253 @@
+"""Scenarios: files, splits, de-duplication, LLM-written and grounded generation."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from mcprl.errors import ScenarioFileError, ScenarioGenerationError
+from mcprl.mcp import inspect_server, open_session
+from mcprl.scenarios import (
+    SCENARIOS_SCHEMA,
+    Deduper,
+    Reference,
+    Scenario,
+    ScenarioSet,
+    generate_scenarios,
+    grounded_scenarios,
+)
+from tests.helpers import EXAMPLES, LocalChatServer, ScriptedJudge, chat_completion, load_example
+
+pytestmark = pytest.mark.anyio
+
+CURATED = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+def _set(n: int = 20) -> ScenarioSet:
+    return ScenarioSet(
+        Scenario(id=f"s{i}", task=f"task number {i}", difficulty=1 + i % 5) for i in range(n)
+    )
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def test_jsonl_round_trip_is_lossless(tmp_path):
+    original = _set().with_split(0.25, seed=3)
+    original.scenarios[0].reference = Reference(answer="42", tolerance=0.01)
+    path = original.save(tmp_path / "s.jsonl")
+    loaded = ScenarioSet.load(path)
+    assert [s.model_dump() for s in loaded] == [s.model_dump() for s in original]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "line 2: not valid JSON"),
+        ('{"id": "x", "task": "t", "difficulty": 7}', "line 2: difficulty: Input should be"),
+        ('{"id": "x", "difficulty": 2}', "line 2: task: Field required"),
+        ('{"id": "a", "task": "dup", "difficulty": 2}', "line 2: scenario id 'a' is already used"),
+        ('{"id": "x", "task": "t", "difficulty": 2, "extra": 1}', "line 2: extra"),
+    ],
+)
+def test_a_bad_line_is_named(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "a", "task": "fine", "difficulty": 1}\n' + line + "\n")
+    with pytest.raises(ScenarioFileError, match=message):
+        ScenarioSet.load(path)
+
+
+def test_empty_and_missing_files(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ScenarioFileError, match="has no scenarios"):
+        ScenarioSet.load(tmp_path / "empty.jsonl")
+    with pytest.raises(ScenarioFileError, match="cannot read"):
+        ScenarioSet.load(tmp_path / "missing.jsonl")
+
+
+def test_split_is_seeded_stratified_and_kept(tmp_path):
+    a, b = _set(40).with_split(0.25, seed=1), _set(40).with_split(0.25, seed=1)
+    assert [s.split for s in a] == [s.split for s in b]
+    assert [s.split for s in _set(40).with_split(0.25, seed=2)] != [s.split for s in a]
+    assert len(a.val) == 10 and len(a.train) == 30
+    assert set(a.val.histogram().values()) == {2}  # every level on both sides
+    reloaded = ScenarioSet.load(a.save(tmp_path / "a.jsonl")).with_split(0.5, seed=9)
+    assert [s.split for s in reloaded] == [s.split for s in a]  # an existing split is kept
+
+
+def test_filter_and_histogram():
+    s = _set(20)
+    assert s.histogram() == {1: 4, 2: 4, 3: 4, 4: 4, 5: 4}
+    assert {x.difficulty for x in s.filter(2, 3)} == {2, 3}
+    assert "difficulty 5" in s.format_histogram()
+
+
+def test_deduper_drops_repeats_and_near_repeats_but_not_new_numbers():
+    d = Deduper()
+    assert d.add("What is the average price of Jules Verne's books?")
+    assert not d.add("what is the average price of jules vernes books")
+    assert not d.add("What is the average price of Jules Verne's books ?!")
+    assert d.add("What is 12 times 18?")
+    assert d.add("What is 12 times 19?")
+
+
+# -- LLM-written ---------------------------------------------------------------------------------
+
+
+def _reply(*tasks: tuple[str, int]) -> str:
+    return json.dumps({"scenarios": [{"task": t, "difficulty": d} for t, d in tasks]})
+
+
+@pytest.fixture(scope="module")
+def catalog_info():
+    import anyio
+
+    return anyio.run(inspect_server, load_example("catalog").server)
+
+
+async def test_llm_generation_keeps_asking_until_it_has_n(catalog_info):
+    fn = ScriptedJudge(
+        _reply(("How many books by Jane Austen are there?", 1), ("Too short", 9)),
+        "I cannot help with that.",
+        _reply(
+            ("how many books by jane austen are there", 1),  # a repeat, dropped
+            ("What is the mean price of the mystery books?", 3),
+            ("Which Jules Verne book is the longest, and how long is it?", 4),
+        ),
+    )
+    result = await generate_scenarios(
+        catalog_info.tools,
+        catalog_info.resources,
+        n=3,
+        generator="test/generator",
+        completion_fn=fn,
+        structured_output="json_schema",
+    )
+    assert [s.task for s in result] == [
+        "How many books by Jane Austen are there?",
+        "What is the mean price of the mystery books?",
+        "Which Jules Verne book is the longest, and how long is it?",
+    ]
+    assert [s.difficulty for s in result] == [1, 3, 4]
+    assert fn.calls == 3
+    first = fn.requests[0]
+    assert first["response_format"]["json_schema"]["schema"] == SCENARIOS_SCHEMA
+    system = first["messages"][0]["content"]
+    assert "search_books" in system and "Jules Verne" in system  # tools and resources shown
+    assert "How many books by Jane Austen" in fn.requests[2]["messages"][1]["content"]
+
+
+async def test_llm_generation_fails_clearly_after_bounded_rounds(catalog_info):
+    fn = ScriptedJudge(_reply(("The same task every single time.", 2)))
+    with pytest.raises(ScenarioGenerationError, match=r"got 1 of 5 .* after 4 rounds"):
+        await generate_scenarios(
+            catalog_info.tools, n=5, generator="test/g", completion_fn=fn, max_rounds=4
+        )
+    assert fn.calls == 4
+
+
+async def test_instructions_reach_the_generator(catalog_info):
+    fn = ScriptedJudge(_reply(("Find the cheapest fantasy book and give its price.", 3)))
+    await generate_scenarios(
+        catalog_info.tools, n=1, generator="t/g", completion_fn=fn, instructions="Only fantasy."
+    )
+    assert "Only fantasy." in fn.requests[0]["messages"][0]["content"]
+
+
+async def test_llm_generation_through_litellm_and_a_local_endpoint(catalog_info):
+    counter = iter(range(1000))
+
+    def respond(body: dict) -> tuple[int, dict]:
+        k = next(counter)
+        tasks = [(f"List the {g} books published after {1800 + 10 * k}.", 2) for g in "ab"]
+        return 200, chat_completion(_reply(*tasks))
+
+    with LocalChatServer(respond) as server:
+        result = await generate_scenarios(
+            catalog_info.tools, n=4, generator="openai/local", api_base=server.base_url
+        )
+    assert len(result) == 4 and len({s.id for s in result}) == 4
+    assert server.requests[0]["response_format"]["type"] == "json_schema"
+    assert server.requests[0]["seed"] == 0 and server.requests[1]["seed"] == 1
+
+
+# -- grounded ------------------------------------------------------------------------------------
+
+
+async def _replay(server, scenario: Scenario) -> None:
+    """Run the reference calls in a fresh session; each must return what was recorded."""
+    async with open_session(server) as session:
+        for call in scenario.reference.calls:
+            result = await session.call_tool(call.tool, call.arguments)
+            assert not result.is_error, (scenario.task, result.text)
+            assert result.text == call.result, scenario.task
+
+
+def _answer_in_last_result(scenario: Scenario) -> bool:
+    answer = scenario.reference.answer
+    last = scenario.reference.calls[-1].result
+    return answer is None or answer in last or answer == last
+
+
+@pytest.mark.parametrize("name", ["calculator", "catalog"])
+async def test_grounded_scenarios_carry_true_references(name):
+    server = load_example(name).server
+    scenarios = await grounded_scenarios(server, n=16, seed=4)
+    assert len(scenarios) == 16 and len({s.task for s in scenarios}) == 16
+    assert max(s.difficulty for s in scenarios) >= 3  # chains exist
+    assert any(len(s.reference.calls) > 1 for s in scenarios)
+    for s in scenarios:
+        await _replay(server, s)
+        assert _answer_in_last_result(s), s
+
+
+async def test_grounded_scenarios_on_a_stateful_server_replay_from_a_fresh_session():
+    spec = f"python {EXAMPLES / 'notes.py'}"
+    scenarios = await grounded_scenarios(spec, n=5, seed=1, chain_fraction=1.0)
+    for s in scenarios:
+        await _replay(spec, s)
+
+
+async def test_grounded_generation_is_reproducible():
+    server = load_example("calculator").server
+    a = await grounded_scenarios(server, n=6, seed=11)
+    b = await grounded_scenarios(server, n=6, seed=11)
+    assert [s.task for s in a] == [s.task for s in b]
+
+
+# -- curated sets ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["calculator", "catalog", "notes"])
+def test_curated_sets_are_valid_and_split(name):
+    scenarios = ScenarioSet.load(CURATED / f"{name}.jsonl")
+    assert len(scenarios) >= 40
+    assert len(scenarios.val) >= 8 and len(scenarios.train) >= 30
+    assert all(s.reference and s.reference.answer and s.reference.calls for s in scenarios)
+    assert len(set(scenarios.histogram().values()) - {0}) >= 2
+
+
+@pytest.mark.parametrize("name", ["calculator", "catalog"])
+async def test_curated_references_are_what_the_server_returns(name):
+    server = load_example(name).server
+    for s in ScenarioSet.load(CURATED / f"{name}.jsonl"):
+        await _replay(server, s)
+
+
+async def test_curated_notes_references_replay_over_stdio():
+    spec = f"python {EXAMPLES / 'notes.py'}"
+    scenarios = list(ScenarioSet.load(CURATED / "notes.jsonl"))
+    for s in random.Random(0).sample(scenarios, 6):
+        await _replay(spec, s)
+
+
+def test_curated_tasks_do_not_name_tools():
+    names = {"multiply", "search_books", "get_book", "create_note", "filter_books", "aggregate"}
+    for name in ("calculator", "catalog", "notes"):
+        for s in ScenarioSet.load(CURATED / f"{name}.jsonl"):
+            words = set(re.findall(r"[a-z_]+", s.task.lower()))
+            assert not words & names, s.task
