@@ -119,6 +119,30 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from mcprl.serving import Engine, build_app, load_model
+    from mcprl.serving._server import check_bind
+
+    check_bind(args.host, args.api_key)
+    print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
+    engine = Engine(load_model(args.model, dtype=args.dtype), max_batch_size=args.max_batch_size)
+    for item in args.lora or []:
+        name, _, path = item.partition("=")
+        if not path:
+            raise ValueError(f"--lora takes NAME=PATH, got {item!r}")
+        engine.load_adapter(name, path)
+    name = args.served_name or args.model
+    app = build_app(engine, name, args.api_key)
+    print(f"serving {name!r} at http://{args.host}:{args.port}/v1", file=sys.stderr)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    finally:
+        engine.close()
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mcprl",
@@ -149,6 +173,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--show", type=int, default=5, help="examples to print")
     s.add_argument("--timeout", type=float, default=30.0, help="start-up time-out in seconds")
     s.set_defaults(func=cmd_scenarios)
+
+    v = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible endpoint")
+    v.add_argument("--model", default="smollm2-135m", help="smollm2-135m, a model dir or hub id")
+    v.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    v.add_argument("--host", default="127.0.0.1", help="other than loopback needs --api-key")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--api-key", help="require this bearer token")
+    v.add_argument("--served-name", help="the model name clients use (default: --model)")
+    v.add_argument("--max-batch-size", type=int, default=32)
+    v.add_argument("--lora", action="append", metavar="NAME=PATH", help="load a LoRA adapter")
+    v.set_defaults(func=cmd_serve)
     return p
 
 

@@ -1,0 +1,61 @@
+"""The policy behind an OpenAI-compatible endpoint, on CPU: engine, models, HTTP server.
+
+from mcprl.serving import LocalServer
+with LocalServer("smollm2-135m") as server:       # loads the model, serves on 127.0.0.1
+    client = openai.OpenAI(base_url=server.base_url, api_key="local")
+"""
+
+from __future__ import annotations
+
+from mcprl.serving._engine import Completion, Engine, SamplingParams
+from mcprl.serving._models import DEFAULT_MODEL, LoadedModel, cache_dir, load_model, resolve_model
+from mcprl.serving._server import ServerHandle, build_app, start_server
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Completion",
+    "Engine",
+    "LoadedModel",
+    "LocalServer",
+    "SamplingParams",
+    "ServerHandle",
+    "build_app",
+    "cache_dir",
+    "load_model",
+    "resolve_model",
+    "start_server",
+]
+
+
+class LocalServer:
+    """Load a model, start the engine and serve it in this process; a context manager."""
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        dtype: str = "bfloat16",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        max_batch_size: int = 32,
+        served_name: str | None = None,
+    ) -> None:
+        self.loaded = load_model(model, dtype=dtype)
+        self.engine = Engine(self.loaded, max_batch_size=max_batch_size)
+        self.name = served_name or model
+        self.handle = start_server(self.engine, self.name, host=host, port=port, api_key=api_key)
+
+    @property
+    def base_url(self) -> str:
+        return self.handle.base_url
+
+    def close(self) -> None:
+        self.handle.stop()
+        self.engine.close()
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,110 @@
+"""Constrained decoding with xgrammar: which tokens may come next.
+
+- `tool_choice` "required": exactly one call of an offered tool, its arguments valid against
+  that tool's input schema; a named function: a call of that function.
+- "auto": free text, but once the model opens `<tool_call>`, the call must be valid.
+- `response_format` json_schema: JSON valid against the schema; json_object: any JSON object.
+
+Grammars are compiled once per distinct request shape (xgrammar caches them).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from mcprl.serving._chat import TOOL_CALL_BEGIN, TOOL_CALL_END
+
+__all__ = ["GrammarError", "GrammarFactory"]
+
+
+class GrammarError(ValueError):
+    """A schema that cannot be compiled into a grammar."""
+
+
+def _tag(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool.get("function", tool)
+    schema = fn.get("parameters") or {"type": "object", "properties": {}}
+    name = json.dumps(fn["name"], ensure_ascii=False)
+    return {
+        "type": "tag",
+        "begin": f'{TOOL_CALL_BEGIN}\n{{"name": {name}, "arguments": ',
+        "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1},
+        "end": f"}}\n{TOOL_CALL_END}",
+    }
+
+
+class GrammarFactory:
+    """Compiles request constraints for one tokenizer; thread-safe."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
+        )
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        self._lock = threading.Lock()
+
+    def _structural(self, fmt: dict[str, Any]) -> xgr.CompiledGrammar:
+        tag = json.dumps({"type": "structural_tag", "format": fmt})
+        with self._lock:
+            return self._compiler.compile_structural_tag(tag)
+
+    def compile(
+        self,
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        response_format: dict[str, Any] | None,
+    ) -> xgr.CompiledGrammar | None:
+        """The grammar for a request, or None when decoding is free."""
+        try:
+            return self._compile(tools, tool_choice, response_format)
+        except GrammarError:
+            raise
+        except Exception as exc:  # xgrammar raises RuntimeError/ValueError for bad schemas
+            raise GrammarError(f"cannot build a grammar from the given schema: {exc}") from exc
+
+    def _compile(self, tools, tool_choice, response_format) -> xgr.CompiledGrammar | None:
+        kind = (response_format or {}).get("type", "text")
+        if kind == "json_schema":
+            spec = response_format.get("json_schema") or {}
+            schema = spec.get("schema", spec.get("schema_"))
+            if not isinstance(schema, dict):
+                raise GrammarError(
+                    "response_format.json_schema.schema must be a JSON schema object"
+                )
+            with self._lock:
+                # compact JSON: small models wander off in free whitespace
+                return self._compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+        if kind == "json_object":
+            with self._lock:
+                return self._compiler.compile_builtin_json_grammar()
+        if not tools or tool_choice == "none":
+            return None
+        if isinstance(tool_choice, dict):
+            wanted = (tool_choice.get("function") or {}).get("name")
+            chosen = [t for t in tools if t.get("function", t).get("name") == wanted]
+            if not chosen:
+                raise GrammarError(f"tool_choice names {wanted!r}, which is not among the tools")
+            return self._structural(_tag(chosen[0]))
+        tags = [_tag(t) for t in tools]
+        if tool_choice == "required":
+            fmt = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+            return self._structural(fmt)
+        return self._structural(  # "auto"
+            {"type": "triggered_tags", "triggers": [TOOL_CALL_BEGIN], "tags": tags}
+        )
+
+    def matcher(self, compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
+        return xgr.GrammarMatcher(compiled)
+
+    def bitmask(self, rows: int) -> torch.Tensor:
+        return xgr.allocate_token_bitmask(rows, self.vocab_size)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)

