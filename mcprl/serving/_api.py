@@ -86,6 +86,7 @@ class ChatRequest(_Open):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     stream: bool = False
     return_tokens_as_token_ids: bool = False
+    ignore_eos: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> ChatRequest:

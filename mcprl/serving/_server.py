@@ -114,6 +114,7 @@ def build_app(engine: Engine, served_name: str, api_key: str | None = None) -> S
             seed=req.seed,
             n=req.n,
             top_logprobs=req.top_logprobs or 0,
+            ignore_eos=req.ignore_eos,
         )
         future = engine.submit(prompt, params, adapter=adapter, grammar=grammar)
         completions = await asyncio.wrap_future(future)

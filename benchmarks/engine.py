@@ -1,0 +1,219 @@
+"""Generation throughput of mcprl's CPU server against named baselines, side by side.
+
+    python benchmarks/engine.py [--tokens 64] [--concurrency 1 8 32] [--dtypes bfloat16 float32]
+
+For each dtype, on the same model (SmolLM2-135M-Instruct) and the same chat prompts:
+
+- baseline "generate per request": transformers' `model.generate` called once per request, one
+  request after another (what a simple serving loop does);
+- "mcprl server": requests sent concurrently through the official `openai` client to mcprl's
+  in-process OpenAI-compatible server (dynamic batching);
+- "transformers serve (CB)": `transformers serve --continuous-batching`, if it runs here (it
+  needs fastapi), at the same concurrency.
+
+Every mcprl and generate request produces exactly --tokens tokens (EOS ignored); `transformers
+serve` has no such switch, so its rate counts the tokens it actually produced. Each cell is the
+median of --repeats runs (this machine's speed varies from run to run). The script also measures
+the machine's peak matmul FLOP/s per dtype and reports achieved FLOP/s (2 x parameters x tokens
+processed, prompt and completion) as a fraction of that peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mcprl.serving import LocalServer, load_model, resolve_model
+from mcprl.serving._chat import render_prompt
+
+MODEL = "smollm2-135m"
+PROMPTS = [
+    "Explain what a tool call is.",
+    "Write a haiku about the sea.",
+    "List three uses of a calculator.",
+    "What is the capital of Portugal?",
+    "Describe a cat in one sentence.",
+    "Give me a tip for learning Python.",
+    "Why is the sky blue?",
+    "Name two planets and a moon.",
+]
+
+# (seconds, prompt tokens, completion tokens)
+Run = tuple[float, int, int]
+
+
+def peak_gflops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        count += 1
+    return 2 * n**3 * count / (time.perf_counter() - start) / 1e9
+
+
+def prompts_for(k: int) -> list[str]:
+    return [PROMPTS[i % len(PROMPTS)] + f" (request {i})" for i in range(k)]
+
+
+def median_run(runs: list[Run]) -> Run:
+    return sorted(runs, key=lambda r: r[2] / r[0])[len(runs) // 2]
+
+
+def bench_generate(loaded, k: int, tokens: int) -> Run:
+    model, tok = loaded.model, loaded.tokenizer
+    total_prompt, start = 0, time.perf_counter()
+    for text in prompts_for(k):
+        ids = torch.tensor([render_prompt(tok, [{"role": "user", "content": text}], None)])
+        total_prompt += ids.shape[1]
+        with torch.inference_mode():
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                pad_token_id=tok.eos_token_id,
+            )
+    return time.perf_counter() - start, total_prompt, k * tokens
+
+
+async def _fire(base_url: str, model: str, k: int, tokens: int, extra: dict) -> Run:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=3600)
+
+    async def one(text: str) -> tuple[int, int]:
+        r = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": text}],
+            max_tokens=tokens,
+            temperature=1.0,
+            extra_body=extra,
+        )
+        if extra.get("ignore_eos"):
+            assert r.usage.completion_tokens == tokens, r.usage
+        return r.usage.prompt_tokens, r.usage.completion_tokens
+
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one(t) for t in prompts_for(k)))
+    seconds = time.perf_counter() - start
+    await client.close()
+    return seconds, sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench_transformers_serve(dtype: str, ks: list[int], tokens: int, repeats: int):
+    try:
+        import fastapi  # noqa: F401
+    except ImportError:
+        return "not run: needs fastapi (pip install fastapi)"
+    port, path = _free_port(), resolve_model(MODEL)
+    cmd = ["transformers", "serve", path, "--continuous-batching", "--port", str(port)]
+    cmd += ["--host", "127.0.0.1", "--dtype", dtype]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                return f"not run: exited ({proc.stderr.read()[-300:].strip()})"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        base = f"http://127.0.0.1:{port}/v1"
+        try:
+            asyncio.run(_fire(base, path, 2, 4, {}))
+            return {
+                k: median_run(
+                    [asyncio.run(_fire(base, path, k, tokens, {})) for _ in range(repeats)]
+                )
+                for k in ks
+            }
+        except Exception as exc:
+            return f"failed: {type(exc).__name__}: {str(exc)[:200]}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip-transformers-serve", action="store_true")
+    args = p.parse_args()
+    params = sum(t.numel() for t in load_model(MODEL, dtype="float32").model.parameters())
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; model {MODEL} ({params / 1e6:.0f}M parameters)"
+    )
+    peaks = {d: peak_gflops(getattr(torch, d)) for d in args.dtypes}
+    for d, g in peaks.items():
+        print(f"peak matmul ({d}, 2048x2048): {g:.0f} GFLOP/s")
+    print(f"\n{args.tokens} tokens per request; median of {args.repeats} runs per cell.\n")
+    print(
+        "| dtype | system | concurrent requests | tokens/s | vs generate | "
+        "achieved GFLOP/s | of peak |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+
+    def row(dtype: str, system: str, k: int, run: Run, base: float | None) -> float:
+        seconds, prompt_tokens, completion_tokens = run
+        rate = completion_tokens / seconds
+        flops = 2 * params * (prompt_tokens + completion_tokens) / seconds / 1e9
+        ratio = f"{rate / base:.1f}x" if base else "1.0x"
+        print(
+            f"| {dtype} | {system} | {k} | {rate:.1f} | {ratio} | {flops:.1f} | "
+            f"{flops / peaks[dtype]:.1%} |",
+            flush=True,
+        )
+        return rate
+
+    for dtype in args.dtypes:
+        loaded = load_model(MODEL, dtype=dtype)
+        bench_generate(loaded, 1, 8)  # warm up
+        runs = [bench_generate(loaded, 4, args.tokens) for _ in range(args.repeats)]
+        base = row(dtype, "generate per request", 1, median_run(runs), None)
+        del loaded
+        with LocalServer(MODEL, dtype=dtype) as server:
+            url = server.base_url
+            asyncio.run(_fire(url, MODEL, 8, 8, {"ignore_eos": True}))  # warm up
+            for k in args.concurrency:
+                runs = [
+                    asyncio.run(_fire(url, MODEL, k, args.tokens, {"ignore_eos": True}))
+                    for _ in range(args.repeats)
+                ]
+                row(dtype, "mcprl server", k, median_run(runs), base)
+        if not args.skip_transformers_serve:
+            result = bench_transformers_serve(dtype, args.concurrency, args.tokens, args.repeats)
+            if isinstance(result, str):
+                print(f"| {dtype} | transformers serve (CB) | - | {result} | | | |")
+            else:
+                for k, run in result.items():
+                    row(dtype, "transformers serve (CB)", k, run, base)
+
+
+if __name__ == "__main__":
+    main()
