@@ -102,3 +102,12 @@ def mcp1_python() -> str:
         )
         marker.write_text("ok")
     return str(python)
+
+
+@pytest.fixture(scope="session")
+def policy_server():
+    """The real default model (SmolLM2-135M) behind mcprl's server, shared by every test."""
+    from mcprl.serving import LocalServer
+
+    with LocalServer("smollm2-135m") as server:
+        yield server

@@ -11,7 +11,7 @@ import openai
 import pytest
 import torch
 
-from mcprl.serving import LocalServer, load_model, start_server
+from mcprl.serving import load_model, start_server
 from mcprl.serving._chat import parse_tool_calls, render_prompt
 from mcprl.serving._server import check_bind
 
@@ -52,9 +52,8 @@ CALC_TOOLS = [
 
 
 @pytest.fixture(scope="session")
-def server():
-    with LocalServer(MODEL) as s:
-        yield s
+def server(policy_server):
+    return policy_server
 
 
 @pytest.fixture(scope="session")

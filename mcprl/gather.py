@@ -1,0 +1,150 @@
+"""Running groups of attempts concurrently, with progress and an explicit failure policy.
+
+    groups = await gather_groups(
+        [[lambda: rollout(model, s, server) for _ in range(4)] for s in scenarios],
+        max_concurrency=8, max_exceptions=0.25, after_each=score_with_ruler,
+    )
+
+Each attempt is a zero-argument async callable (or an awaitable). Attempts run under one
+concurrency limit. An attempt that raises becomes an `AttemptError` in its group, and the rest
+of the group carries on; `max_exceptions` (a count, or a fraction of all attempts) says how many
+failures abort the whole batch with `GatherError`. `after_each` receives each group as soon as
+its attempts are done: it can score it (RULER, references) and return it, or return None to drop
+it (the reason should be logged by the callback).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+
+from mcprl.errors import MCPRLError
+from mcprl.types import AttemptError, Trajectory, TrajectoryGroup
+
+__all__ = ["GatherError", "gather_groups"]
+
+logger = logging.getLogger(__name__)
+
+Attempt = Callable[[], Awaitable[Trajectory]] | Awaitable[Trajectory]
+AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]]
+
+
+class GatherError(MCPRLError):
+    """Too many attempts failed; `errors` holds what they raised."""
+
+    def __init__(self, message: str, errors: list[AttemptError]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
+def _limit(max_exceptions: int | float, total: int) -> int:
+    if isinstance(max_exceptions, float) and max_exceptions < 1:
+        return math.floor(max_exceptions * total)
+    return int(max_exceptions)
+
+
+class _Progress:
+    def __init__(self, total: int, desc: str, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="attempt", leave=False)
+        self.done = self.errors = 0
+        self.rewards: list[float] = []
+
+    def update(self, errors: int = 0, reward: float | None = None) -> None:
+        self.done += 1
+        self.errors += errors
+        if reward is not None:
+            self.rewards.append(reward)
+        if self.bar is not None:
+            postfix = {"errors": self.errors}
+            if self.rewards:
+                postfix["reward"] = f"{sum(self.rewards) / len(self.rewards):.3f}"
+            self.bar.set_postfix(postfix, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+async def gather_groups(
+    groups: Sequence[Sequence[Attempt]],
+    *,
+    max_concurrency: int = 8,
+    max_exceptions: int | float = 0,
+    after_each: AfterEach | None = None,
+    desc: str = "rollouts",
+    progress: bool = True,
+    scenario_ids: Sequence[str | None] | None = None,
+) -> list[TrajectoryGroup]:
+    """Run every attempt of every group; return the groups (dropped ones left out), in order."""
+    total = sum(len(g) for g in groups)
+    allowed = _limit(max_exceptions, total)
+    limiter = anyio.CapacityLimiter(max(1, max_concurrency))
+    results: list[TrajectoryGroup | None] = [None] * len(groups)
+    errors: list[AttemptError] = []
+    bar = _Progress(total, desc, progress)
+
+    async def attempt(item: Attempt, group: TrajectoryGroup) -> None:
+        async with limiter:
+            try:
+                awaitable = item() if callable(item) and not inspect.isawaitable(item) else item
+                trajectory = await awaitable
+            except Exception as exc:
+                error = AttemptError.of(exc)
+                logger.warning("an attempt failed: %s: %s", error.type, error.message)
+                group.exceptions.append(error)
+                errors.append(error)
+                bar.update(errors=1)
+                if len(errors) > allowed:
+                    raise GatherError(
+                        f"{len(errors)} of {total} attempts failed (allowed: {allowed}); "
+                        f"first: {errors[0].type}: {errors[0].message}",
+                        errors,
+                    ) from exc
+                return
+            group.trajectories.append(trajectory)
+            bar.update(reward=trajectory.reward)
+
+    async def run_group(i: int) -> None:
+        sid = scenario_ids[i] if scenario_ids is not None else None
+        group = TrajectoryGroup(scenario_id=sid)
+        async with anyio.create_task_group() as tg:
+            for item in groups[i]:
+                tg.start_soon(attempt, item, group)
+        if group.scenario_id is None and group.trajectories:
+            group.scenario_id = _scenario_id(group.trajectories[0])
+        results[i] = await after_each(group) if after_each is not None else group
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(len(groups)):
+                tg.start_soon(run_group, i)
+    except BaseExceptionGroup as eg:
+        raise _first(eg) from None
+    finally:
+        bar.close()
+    return [g for g in results if g is not None]
+
+
+def _scenario_id(trajectory: Trajectory) -> str | None:
+    value = trajectory.metadata.get("scenario_id")
+    return value if isinstance(value, str) else None
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first(exc)
+        if isinstance(exc, GatherError):
+            return exc
+    leaf: Any = group.exceptions[0]
+    return _first(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf

@@ -1,0 +1,219 @@
+"""The agent loop: one attempt at a scenario, against a real MCP session.
+
+    trajectory = await rollout(model, scenario, "example:calculator", RolloutConfig(max_turns=6))
+
+Each attempt opens its own MCP session (servers may keep per-session state), offers the server's
+tools as OpenAI function tools plus `complete_task(summary)`, and loops: one completion from the
+policy, then every tool call it made, run through MCP. An unknown tool or bad arguments become an
+error tool message and the loop goes on. It stops when the agent calls `complete_task`, replies
+without a tool call, runs out of turns, or fills its context.
+
+Works against any OpenAI-compatible endpoint. Where the endpoint returns token ids (mcprl's
+server, vLLM with `return_token_ids`), the trajectory is trainable; otherwise it is still valid
+for evaluation and `trajectory.trainable` is False.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from mcprl.mcp import ToolInfo, open_session, openai_tools
+from mcprl.scenarios import Scenario
+from mcprl.types import Choice, Trajectory
+
+__all__ = ["COMPLETE_TASK", "RolloutConfig", "rollout"]
+
+logger = logging.getLogger(__name__)
+
+COMPLETE_TASK = "complete_task"
+
+_COMPLETE_TASK_TOOL = {
+    "type": "function",
+    "function": {
+        "name": COMPLETE_TASK,
+        "description": "Finish: call this once the task is done, with a short summary of what "
+        "you did and the final answer.",
+        "parameters": {
+            "type": "object",
+            "properties": {"summary": {"type": "string"}},
+            "required": ["summary"],
+        },
+    },
+}
+
+DEFAULT_SYSTEM_PROMPT = """\
+You are an assistant that completes tasks by calling tools. You have at most {max_turns} turns; \
+in each turn, call a tool. Use the tool results to work out the answer; do not guess. When the \
+task is done, call complete_task with a short summary that states the final answer."""
+
+
+class RolloutConfig(BaseModel):
+    max_turns: int = Field(default=10, ge=1)
+    tool_choice: Literal["required", "auto"] = Field(
+        default="required",
+        description='"required" suits small models: every turn is a call, complete_task ends it',
+    )
+    temperature: float = 1.0
+    max_tokens: int = Field(default=256, ge=1, description="per completion")
+    tool_timeout: float = 30.0
+    max_result_chars: int = Field(default=4000, description="tool output kept per call")
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    seed: int | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+def _choice_record(choice: Any, index: int) -> Choice:
+    extra = getattr(choice, "model_extra", None) or {}
+    mcprl_extra = extra.get("mcprl") or {}
+    sampling = mcprl_extra.get("token_logprobs")
+    if sampling is None and getattr(choice, "logprobs", None) and choice.logprobs.content:
+        sampling = [t.logprob for t in choice.logprobs.content]
+    return Choice(
+        message_index=index,
+        finish_reason=choice.finish_reason,
+        prompt_token_ids=extra.get("prompt_token_ids"),
+        token_ids=extra.get("token_ids"),
+        logprobs=mcprl_extra.get("model_logprobs", sampling),
+        sampling_logprobs=sampling,
+    )
+
+
+def _assistant_message(message: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": c.function.arguments},
+            }
+            for c in message.tool_calls
+        ]
+    return out
+
+
+def _parse_arguments(raw: str, tool: ToolInfo | None) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        args = json.loads(raw) if raw and raw.strip() else {}
+    except json.JSONDecodeError as exc:
+        return None, f"Error: the arguments are not valid JSON ({exc.msg}); send a JSON object"
+    if not isinstance(args, dict):
+        return None, "Error: the arguments must be a JSON object"
+    if tool is not None:
+        missing = [k for k in tool.input_schema.get("required", []) if k not in args]
+        if missing:
+            return None, f"Error: missing required argument(s): {', '.join(missing)}"
+    return args, None
+
+
+async def rollout(
+    model: Any,
+    scenario: Scenario,
+    server: Any,
+    config: RolloutConfig | None = None,
+    *,
+    client: Any = None,
+) -> Trajectory:
+    """One attempt at `scenario` by `model` (a `Model` or `TrainableModel`) on `server`."""
+    config = config or RolloutConfig()
+    client = client or model.openai_client()
+    served = model.served_name
+    started = time.perf_counter()
+    traj = Trajectory(metadata={"scenario_id": scenario.id, "model": served})
+    metrics = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "completed": 0, "ran_out_of_turns": 0}
+    async with open_session(server, max_result_chars=config.max_result_chars) as session:
+        mcp_tools = [
+            ToolInfo(
+                name=t.name, description=t.description or "", input_schema=dict(t.input_schema)
+            )
+            for t in await session.list_tools()
+        ]
+        by_name = {t.name: t for t in mcp_tools}
+        traj.tools = [*openai_tools(mcp_tools), _COMPLETE_TASK_TOOL]
+        traj.messages = [
+            {"role": "system", "content": config.system_prompt.format(max_turns=config.max_turns)},
+            {"role": "user", "content": f"Please complete this task: {scenario.task}"},
+        ]
+        traj.timings["setup_s"] = time.perf_counter() - started
+        done = False
+        for turn in range(config.max_turns):
+            t0 = time.perf_counter()
+            response = await _complete(client, served, traj, config, turn)
+            traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + (
+                time.perf_counter() - t0
+            )
+            if response is None:  # the conversation no longer fits the context
+                metrics["hit_context_limit"] = 1
+                break
+            metrics["turns"] += 1
+            choice = response.choices[0]
+            traj.messages.append(_assistant_message(choice.message))
+            traj.choices.append(_choice_record(choice, len(traj.messages) - 1))
+            calls = choice.message.tool_calls or []
+            if not calls:
+                traj.log(f"turn {turn + 1}: a reply without a tool call ends the attempt")
+                break
+            t0 = time.perf_counter()
+            for call in calls:
+                metrics["tool_calls"] += 1
+                name = call.function.name
+                if name == COMPLETE_TASK:
+                    args, error = _parse_arguments(call.function.arguments, None)
+                    summary = (args or {}).get("summary")
+                    traj.metadata["final_answer"] = str(summary) if summary is not None else None
+                    text = "Task marked complete." if error is None else error
+                    done = error is None
+                elif name not in by_name:
+                    text = f"Error: there is no tool named {name!r}; the tools are: " + ", ".join(
+                        [*by_name, COMPLETE_TASK]
+                    )
+                    error = text
+                else:
+                    args, error = _parse_arguments(call.function.arguments, by_name[name])
+                    if error is None:
+                        result = await session.call_tool(name, args, timeout=config.tool_timeout)
+                        text, error = result.text, (result.text if result.is_error else None)
+                    else:
+                        text = error
+                if error is not None:
+                    metrics["tool_errors"] += 1
+                traj.messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
+            traj.timings["tools_s"] = traj.timings.get("tools_s", 0.0) + (time.perf_counter() - t0)
+            if done:
+                metrics["completed"] = 1
+                break
+        else:
+            metrics["ran_out_of_turns"] = 1
+    traj.metrics = {k: float(v) for k, v in metrics.items()}
+    traj.metrics["duration_s"] = time.perf_counter() - started
+    traj.metrics["trainable"] = float(traj.trainable)
+    return traj
+
+
+async def _complete(client: Any, served: str, traj: Trajectory, config: RolloutConfig, turn: int):
+    import openai
+
+    kwargs: dict[str, Any] = {
+        "model": served,
+        "messages": traj.messages,
+        "tools": traj.tools,
+        "tool_choice": config.tool_choice,
+        "temperature": config.temperature,
+        "max_tokens": config.max_tokens,
+    }
+    if config.seed is not None:
+        kwargs["seed"] = config.seed + turn
+    if config.extra_body:
+        kwargs["extra_body"] = config.extra_body
+    try:
+        return await client.chat.completions.create(**kwargs)
+    except openai.BadRequestError as exc:
+        if "context" in str(exc).lower():
+            traj.log(f"turn {turn + 1}: stopped at the context limit ({exc})")
+            return None
+        raise

@@ -1,0 +1,140 @@
+"""Trajectories: attempts at scenarios, recorded exactly enough to train on.
+
+A `Trajectory` keeps the conversation as sent and received (OpenAI-format messages), and for
+every policy completion a `Choice` with the token ids and log-probabilities the policy sampled, so
+the trainer never re-tokenizes text. A `TrajectoryGroup` holds the attempts at one scenario and
+the errors of attempts that failed. Both round-trip through JSON Lines without loss.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "AttemptError",
+    "Choice",
+    "Trajectory",
+    "TrajectoryGroup",
+    "read_groups",
+    "write_groups",
+]
+
+Scalar = str | int | float | bool | None
+
+
+class Choice(BaseModel):
+    """One completion of the policy, with what it sampled."""
+
+    model_config = ConfigDict(extra="forbid")
+    message_index: int = Field(description="index in Trajectory.messages of the reply")
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = Field(
+        default=None, description="per token, under the model (temperature 1, no mask)"
+    )
+    sampling_logprobs: list[float] | None = Field(
+        default=None, description="per token, under the distribution actually sampled from"
+    )
+
+    @property
+    def trainable(self) -> bool:
+        return (
+            self.prompt_token_ids is not None
+            and self.token_ids is not None
+            and self.logprobs is not None
+            and len(self.logprobs) == len(self.token_ids) > 0
+        )
+
+
+class Trajectory(BaseModel):
+    """One attempt at a scenario."""
+
+    model_config = ConfigDict(extra="forbid")
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    choices: list[Choice] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    reward: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    timings: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def trainable(self) -> bool:
+        """Every completion carries its token ids and log-probabilities."""
+        return bool(self.choices) and all(c.trainable for c in self.choices)
+
+    def log(self, text: str) -> None:
+        self.logs.append(text)
+
+    def final_answer(self) -> str | None:
+        """What the agent reported: its complete_task summary, else its last text reply."""
+        answer = self.metadata.get("final_answer")
+        if isinstance(answer, str):
+            return answer
+        for m in reversed(self.messages):
+            if m.get("role") == "assistant" and m.get("content"):
+                return str(m["content"])
+        return None
+
+
+class AttemptError(BaseModel):
+    """Why an attempt failed (it produced no trajectory)."""
+
+    type: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> AttemptError:
+        return cls(type=type(exc).__name__, message=str(exc))
+
+
+class TrajectoryGroup(BaseModel):
+    """The attempts at one scenario."""
+
+    model_config = ConfigDict(extra="forbid")
+    scenario_id: str | None = None
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    exceptions: list[AttemptError] = Field(default_factory=list)
+    metadata: dict[str, Scalar] = Field(default_factory=dict)
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [t.reward for t in self.trajectories]
+
+
+def write_groups(path: str | os.PathLike[str], groups: Iterable[TrajectoryGroup]) -> Path:
+    """Write groups as JSON Lines, atomically (a crash leaves no half-written file)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for g in groups:
+                f.write(g.model_dump_json() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def read_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
+    p = Path(path)
+    groups = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                groups.append(TrajectoryGroup.model_validate_json(line))
+            except ValueError as exc:
+                raise ValueError(f"{p} line {n}: not a trajectory group: {exc}") from exc
+    return groups

@@ -1,0 +1,337 @@
+"""The agent loop, trajectories, running groups, and reference rewards."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from itertools import count
+
+import anyio
+import pytest
+from openai.types.chat import ChatCompletion
+
+from mcprl import (
+    GatherError,
+    Model,
+    RolloutConfig,
+    Trajectory,
+    TrajectoryGroup,
+    gather_groups,
+    read_groups,
+    rollout,
+    write_groups,
+)
+from mcprl.rewards import answer_matches, calls_matched, reference_reward, scorer
+from mcprl.scenarios import Reference, ReferenceCall, Scenario
+from tests.helpers import EXAMPLES, LocalChatServer, chat_completion, load_example
+
+pytestmark = pytest.mark.anyio
+
+SCENARIO = Scenario(
+    id="mul",
+    task="What is 6 times 7?",
+    difficulty=1,
+    reference=Reference(
+        answer="42",
+        tolerance=0.01,
+        calls=[ReferenceCall(tool="multiply", arguments={"a": 6, "b": 7})],
+    ),
+)
+MODEL = Model(name="scripted", base_url="http://127.0.0.1:9/v1")
+_ids = count()
+
+
+def call(name: str, arguments: str | dict) -> dict:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {
+        "id": f"call_{next(_ids)}",
+        "type": "function",
+        "function": {"name": name, "arguments": args},
+    }
+
+
+def reply(*calls: dict, content: str | None = None, tokens: bool = True) -> ChatCompletion:
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": content, "tool_calls": list(calls) or None},
+        "finish_reason": "tool_calls" if calls else "stop",
+    }
+    if tokens:
+        choice.update(
+            {
+                "token_ids": [5, 6, 7],
+                "prompt_token_ids": [1, 2, 3],
+                "mcprl": {
+                    "model_logprobs": [-0.1, -0.2, -0.3],
+                    "token_logprobs": [-0.1, -0.2, -0.3],
+                },
+            }
+        )
+    return ChatCompletion.model_validate(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "scripted",
+            "choices": [choice],
+        }
+    )
+
+
+class ScriptedPolicy:
+    """A policy double: an OpenAI-like async client answering from a script."""
+
+    def __init__(self, *script: ChatCompletion, delay: float = 0.0) -> None:
+        self.script = list(script)
+        self.requests: list[dict] = []
+        self.delay = delay
+        self.chat = self
+        self.completions = self
+
+    async def create(self, **kwargs):
+        self.requests.append(kwargs)
+        if self.delay:
+            await anyio.sleep(self.delay)
+        return self.script[min(len(self.requests), len(self.script)) - 1]
+
+
+@pytest.fixture
+def calculator():
+    return load_example("calculator").server
+
+
+async def test_complete_task_ends_the_loop(calculator):
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("complete_task", {"summary": "6 times 7 is 42."})),
+        reply(call("add", {"a": 1, "b": 1})),  # never reached
+    )
+    t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=5), client=policy)
+    assert t.metrics["completed"] == 1 and t.metrics["turns"] == 2
+    assert t.metrics["ran_out_of_turns"] == 0 and t.metrics["tool_errors"] == 0
+    assert t.final_answer() == "6 times 7 is 42."
+    roles = [m["role"] for m in t.messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert t.messages[3]["content"] == "42"
+    assert t.messages[1]["content"] == "Please complete this task: What is 6 times 7?"
+    assert "at most 5 turns" in t.messages[0]["content"]
+    names = [tool["function"]["name"] for tool in t.tools]
+    assert "multiply" in names and names[-1] == "complete_task"
+    assert policy.requests[0]["tool_choice"] == "required"
+    assert t.trainable and [c.message_index for c in t.choices] == [2, 4]
+    assert reference_reward(t, SCENARIO) == 1.0
+
+
+async def test_invalid_tool_names_and_arguments_become_error_messages(calculator):
+    policy = ScriptedPolicy(
+        reply(call("modulo", {"a": 1, "b": 2})),
+        reply(call("multiply", "{not json")),
+        reply(call("multiply", {"a": 6})),
+        reply(call("divide", {"a": 1, "b": 0})),
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("complete_task", {"summary": "42"})),
+    )
+    t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=8), client=policy)
+    tool_texts = [m["content"] for m in t.messages if m["role"] == "tool"]
+    assert "no tool named 'modulo'" in tool_texts[0] and "multiply" in tool_texts[0]
+    assert "not valid JSON" in tool_texts[1]
+    assert "missing required argument(s): b" in tool_texts[2]
+    assert "division by zero" in tool_texts[3]
+    assert tool_texts[4] == "42"
+    assert t.metrics["tool_errors"] == 4 and t.metrics["completed"] == 1
+
+
+async def test_the_turn_budget_holds(calculator):
+    policy = ScriptedPolicy(reply(call("add", {"a": 1, "b": 1})))
+    t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=3), client=policy)
+    assert t.metrics["turns"] == 3 and t.metrics["ran_out_of_turns"] == 1
+    assert t.metrics["completed"] == 0 and len(policy.requests) == 3
+    assert reference_reward(t, SCENARIO) == 0.0
+
+
+async def test_a_reply_without_tool_calls_ends_the_attempt(calculator):
+    policy = ScriptedPolicy(reply(content="It is 42."))
+    t = await rollout(MODEL, SCENARIO, calculator, client=policy)
+    assert t.metrics["turns"] == 1 and t.metrics["completed"] == 0
+    assert t.final_answer() == "It is 42." and reference_reward(t, SCENARIO) == 1.0
+
+
+async def test_an_endpoint_without_token_ids_gives_a_valid_untrainable_trajectory(calculator):
+    def respond(body):
+        if len(body["messages"]) > 2:
+            finish = [call("complete_task", {"summary": "42"})]
+        else:
+            finish = [call("multiply", {"a": 6, "b": 7})]
+        payload = chat_completion(None)
+        payload["choices"][0]["message"]["tool_calls"] = finish
+        return 200, payload
+
+    with LocalChatServer(respond) as server:
+        baseline = Model(name="hosted", base_url=server.base_url, api_key="k")
+        t = await rollout(baseline, SCENARIO, calculator)
+    assert t.metrics["completed"] == 1 and not t.trainable
+    assert t.metrics["trainable"] == 0 and reference_reward(t, SCENARIO) == 1.0
+
+
+DYING = f"""
+import os, sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+from _compat import make_server, serve
+server = make_server("fragile", "dies on request")
+
+@server.tool()
+def crash() -> str:
+    \"\"\"Exit at once.\"\"\"
+    print("out of memory in worker", file=sys.stderr, flush=True)
+    os._exit(1)
+
+@server.tool()
+def echo(text: str) -> str:
+    \"\"\"Return the text.\"\"\"
+    return text
+
+serve(server)
+"""
+
+
+async def test_a_server_dying_mid_attempt_fails_that_attempt_only(tmp_path):
+    path = tmp_path / "fragile.py"
+    path.write_text(textwrap.dedent(DYING))
+    spec = f"{sys.executable} {path}"
+    good = ScriptedPolicy(
+        reply(call("echo", {"text": "hi"})), reply(call("complete_task", {"summary": "hi"}))
+    )
+    bad = ScriptedPolicy(reply(call("crash", {})))
+    attempts = [
+        lambda: rollout(MODEL, SCENARIO, spec, client=good),
+        lambda: rollout(MODEL, SCENARIO, spec, client=bad),
+        lambda: rollout(MODEL, SCENARIO, spec, client=good),
+    ]
+    (group,) = await gather_groups([attempts], max_exceptions=1, progress=False)
+    assert len(group.trajectories) == 2 and len(group.exceptions) == 1
+    error = group.exceptions[0]
+    assert error.type == "MCPConnectionError" and "crash" in error.message
+    assert "out of memory in worker" in error.message
+
+
+async def test_max_exceptions_aborts_the_batch():
+    async def fails():
+        raise RuntimeError("boom")
+
+    async def works():
+        return Trajectory(metadata={"scenario_id": "s"})
+
+    with pytest.raises(GatherError, match="2 of 4 attempts failed"):
+        await gather_groups([[fails, works], [fails, works]], max_exceptions=1, progress=False)
+    groups = await gather_groups(
+        [[fails, works], [fails, works]], max_exceptions=0.5, progress=False
+    )
+    assert [len(g.exceptions) for g in groups] == [1, 1]
+
+
+async def test_the_concurrency_limit_holds(calculator):
+    in_flight = peak = 0
+
+    async def attempt():
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await anyio.sleep(0.02)
+        in_flight -= 1
+        return Trajectory(metadata={"scenario_id": "s"})
+
+    groups = [[attempt] * 4 for _ in range(3)]
+    result = await gather_groups(groups, max_concurrency=3, progress=False)
+    assert peak == 3 and sum(len(g.trajectories) for g in result) == 12
+
+
+async def test_after_each_scores_or_drops_groups(calculator):
+    score = scorer({"mul": SCENARIO})
+
+    def attempt(answer):
+        policy = ScriptedPolicy(reply(call("complete_task", {"summary": f"It is {answer}"})))
+        return lambda: rollout(MODEL, SCENARIO, calculator, client=policy)
+
+    async def keep_informative(group):
+        group = await score(group)
+        return None if len(set(group.rewards)) == 1 else group  # equal rewards teach nothing
+
+    mixed = [attempt(42), attempt(41)]
+    same = [attempt(41), attempt(40)]
+    groups = await gather_groups([mixed, same], after_each=keep_informative, progress=False)
+    (group,) = groups
+    assert sorted(group.rewards) == [0.0, 1.0] and group.scenario_id == "mul"
+    assert all("reward_reference" in t.metrics for t in group.trajectories)
+
+
+async def test_trajectory_groups_round_trip_through_jsonl(calculator, tmp_path):
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})), reply(call("complete_task", {"summary": "42"}))
+    )
+    t = await rollout(MODEL, SCENARIO, calculator, client=policy)
+    t.reward = 0.75
+    t.log("a note")
+    group = TrajectoryGroup(scenario_id="mul", trajectories=[t, t.model_copy()])
+    group.exceptions.append(__import__("mcprl").AttemptError(type="X", message="y"))
+    path = write_groups(tmp_path / "t" / "0001.jsonl", [group, group])
+    loaded = read_groups(path)
+    assert [g.model_dump() for g in loaded] == [group.model_dump(), group.model_dump()]
+
+
+def test_reference_answers_numbers_and_text():
+    ref = Reference(answer="42.1648128", tolerance=0.001)
+    assert answer_matches("About 42.16 km.", ref)
+    assert not answer_matches("About 41 km.", ref)
+    assert answer_matches("Total: 1,512 bottles", Reference(answer="1512"))
+    assert answer_matches("It was Mary Shelley.", Reference(answer="Mary Shelley"))
+    assert not answer_matches("It was Percy Shelley.", Reference(answer="Mary Shelley"))
+    assert not answer_matches(None, ref)
+
+
+def test_reference_calls_match_with_tolerance():
+    t = Trajectory(
+        messages=[
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [call("multiply", {"a": 6.0, "b": 7})],
+            }
+        ]
+    )
+    ref = Reference(
+        calls=[
+            ReferenceCall(tool="multiply", arguments={"a": 6, "b": 7}),
+            ReferenceCall(tool="add", arguments={"a": 42, "b": 1}),
+        ]
+    )
+    assert calls_matched(t, ref) == 0.5
+
+
+@pytest.mark.slow
+async def test_a_real_rollout_with_the_tiny_model_records_the_served_tokens(
+    calculator, policy_server
+):
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=policy_server.base_url, api_key="local")
+    returned = []
+    create = client.chat.completions.create
+
+    async def recording(**kwargs):
+        response = await create(**kwargs)
+        returned.append(response)
+        return response
+
+    client.chat.completions.create = recording
+    model = Model(name="smollm2-135m", base_url=policy_server.base_url)
+    config = RolloutConfig(max_turns=2, max_tokens=64, seed=0)
+    t = await rollout(model, SCENARIO, calculator, config, client=client)
+    assert 1 <= t.metrics["turns"] <= 2 and t.trainable
+    for choice, response in zip(t.choices, returned, strict=True):
+        extra = response.choices[0].model_extra
+        assert choice.token_ids == extra["token_ids"]
+        assert choice.prompt_token_ids == extra["prompt_token_ids"]
+        assert choice.logprobs == extra["mcprl"]["model_logprobs"]
+    # every turn was a call of an offered tool (tool_choice "required" is enforced)
+    assert all(m.get("tool_calls") for m in t.messages if m["role"] == "assistant")
