@@ -335,3 +335,61 @@ async def test_a_real_rollout_with_the_tiny_model_records_the_served_tokens(
         assert choice.logprobs == extra["mcprl"]["model_logprobs"]
     # every turn was a call of an offered tool (tool_choice "required" is enforced)
     assert all(m.get("tool_calls") for m in t.messages if m["role"] == "assistant")
+
+
+async def test_rewards_mix_ruler_and_references_and_judge_failures_are_not_zeros(calculator):
+    from ruler import Judge, JudgeAPIError
+    from tests.helpers import ScriptedJudge, scores_reply
+
+    def attempt(answer):
+        policy = ScriptedPolicy(reply(call("complete_task", {"summary": f"It is {answer}"})))
+        return lambda: rollout(MODEL, SCENARIO, calculator, client=policy)
+
+    judge = Judge(
+        "test/judge", completion_fn=ScriptedJudge(scores_reply({"1": 0.8, "2": 0.4})), cache=False
+    )
+    mix = scorer({"mul": SCENARIO}, judge=judge, reference_weight=1.0, ruler_weight=1.0)
+    (group,) = await gather_groups([[attempt(42), attempt(41)]], after_each=mix, progress=False)
+    by_answer = {t.final_answer(): t for t in group.trajectories}
+    assert by_answer["It is 42"].metrics["reward_reference"] == 1.0
+    rewards = sorted(t.reward for t in group.trajectories)
+    assert rewards in ([0.2, 0.9], [0.4, 0.7])  # (ref + ruler) / 2, ids follow finish order
+
+    refusing = Judge(
+        "test/judge",
+        cache=False,
+        completion_fn=ScriptedJudge(JudgeAPIError("no", model="test/judge", status_code=401)),
+    )
+    only_ruler = scorer({"mul": SCENARIO}, judge=refusing, reference_weight=0, ruler_weight=1)
+    with pytest.raises(JudgeAPIError):
+        await gather_groups([[attempt(42), attempt(41)]], after_each=only_ruler, progress=False)
+    dropping = scorer(
+        {"mul": SCENARIO},
+        judge=refusing,
+        reference_weight=0,
+        ruler_weight=1,
+        drop_failed_groups=True,
+    )
+    kept = await gather_groups([[attempt(42), attempt(41)]], after_each=dropping, progress=False)
+    assert kept == []
+
+
+def test_trainable_model_handles():
+    from mcprl import TrainableModel
+
+    with pytest.raises(ValueError, match="letters, digits"):
+        TrainableModel(name="bad name/../x")
+    model = TrainableModel(name="agent", project="calc")
+    with pytest.raises(RuntimeError, match="not registered with a backend"):
+        model.get_step()
+
+    class Backend:
+        def endpoint(self, m):
+            return "http://127.0.0.1:1234/v1", "k"
+
+        def step(self, m):
+            return 3
+
+    model.register(Backend())
+    assert model.served_name == "agent@3"
+    assert str(model.openai_client().base_url) == "http://127.0.0.1:1234/v1/"
