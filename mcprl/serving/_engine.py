@@ -171,6 +171,8 @@ class Engine:
                 raise KeyError(name)
             del self.adapters[name]
             if self.adapters:
+                if name in self._peft.active_adapters:
+                    self._peft.set_adapter(next(iter(self.adapters)))
                 self._peft.delete_adapter(name)
             else:
                 self.model = self._peft.unload()  # removes the LoRA layers, no merge

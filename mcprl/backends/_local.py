@@ -1,0 +1,206 @@
+"""`LocalBackend`: the engine and the trainer in one process, on CPU (or plain torch on CUDA).
+
+    backend = LocalBackend(path=".mcprl")
+    model = TrainableModel(name="agent", project="calc").register(backend)
+    client = model.openai_client()               # serves the latest checkpoint as agent@<step>
+    result = await backend.train(model, groups, TrainConfig(learning_rate=1e-4))
+
+Registering a model that has checkpoints resumes it: same step count, adapter and optimizer
+state. Step 0 is a fresh LoRA whose output equals the base model's. A training step writes its
+trajectories first, pauses inference, trains, writes the checkpoint atomically, then serves it as
+`name@step` and retires the previous adapter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from pydantic import BaseModel
+
+from mcprl.backends._store import RunStore
+from mcprl.model import TrainableModel
+from mcprl.training import LoraConfig, LoraTrainer, TrainConfig
+from mcprl.types import TrajectoryGroup
+
+__all__ = ["LocalBackend", "TrainResult"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainResult(BaseModel):
+    step: int
+    metrics: dict[str, float]
+
+
+@dataclass
+class _Run:
+    model: TrainableModel
+    store: RunStore
+    trainer: LoraTrainer
+    step: int
+
+    @property
+    def served(self) -> str:
+        return f"{self.model.name}@{self.step}"
+
+
+class LocalBackend:
+    def __init__(
+        self,
+        path: str | Path = ".mcprl",
+        *,
+        inference_dtype: str = "bfloat16",
+        train_dtype: str = "float32",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch_size: int = 32,
+    ) -> None:
+        self.path = Path(path)
+        self.inference_dtype = inference_dtype
+        self.train_dtype = train_dtype
+        self.host, self.port, self.max_batch_size = host, port, max_batch_size
+        self._server: Any = None
+        self._base: str | None = None
+        self._runs: dict[tuple[str, str], _Run] = {}
+
+    # -- Backend interface ---------------------------------------------------------------------
+
+    def register(self, model: TrainableModel) -> None:
+        key = (model.project, model.name)
+        if key in self._runs:
+            return
+        store = RunStore(self.path, model.project, model.name)
+        lora = LoraConfig(**model.config.get("lora", {}))
+        info = store.read_model_info()
+        if info is not None and info.get("base_model") != model.base_model:
+            raise ValueError(
+                f"{store.dir} was trained from {info.get('base_model')!r}, not "
+                f"{model.base_model!r}; use another model name or project"
+            )
+        if info is None:
+            store.write_model_info({"base_model": model.base_model, "lora": lora.model_dump()})
+        server = self._ensure_server(model.base_model)
+        latest = store.latest_step()
+        from mcprl.serving import resolve_model
+
+        base_path = resolve_model(model.base_model)
+        if latest is None:
+            trainer = LoraTrainer(base_path, lora, dtype=self.train_dtype)
+            store.write_checkpoint(0, trainer.save, {"base_model": model.base_model})
+            latest = 0
+        else:
+            checkpoint = store.checkpoint_path(latest)
+            trainer = LoraTrainer(base_path, adapter_path=checkpoint, dtype=self.train_dtype)
+            trainer.load_state(checkpoint)
+            logger.info("resuming %s/%s at step %d", model.project, model.name, latest)
+        run = _Run(model, store, trainer, latest)
+        server.engine.load_adapter(run.served, str(store.checkpoint_path(latest)))
+        self._runs[key] = run
+
+    def endpoint(self, model: TrainableModel) -> tuple[str, str]:
+        self._run(model)
+        return self._server.base_url, "local"
+
+    def step(self, model: TrainableModel) -> int:
+        return self._run(model).step
+
+    async def train(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | None = None,
+    ) -> TrainResult:
+        config = config or TrainConfig()
+        run = self._run(model)
+        step = run.step + 1
+        run.store.write_trajectories("train", step, groups)  # nothing is lost
+        engine = self._server.engine
+
+        def work() -> dict[str, float]:
+            with engine.paused():
+                logger.info("training step %d of %s", step, run.served)
+                metrics = run.trainer.step(groups, config)
+                started = time.perf_counter()
+                run.store.write_checkpoint(step, run.trainer.save, {"metrics": metrics})
+                metrics["time_checkpoint_s"] = time.perf_counter() - started
+                return metrics
+
+        metrics = await anyio.to_thread.run_sync(work)
+        previous = run.served
+        engine.load_adapter(f"{model.name}@{step}", str(run.store.checkpoint_path(step)))
+        run.step = step
+        engine.unload_adapter(previous)
+        run.store.append_history({"step": step, **{f"train/{k}": v for k, v in metrics.items()}})
+        return TrainResult(step=step, metrics=metrics)
+
+    def log(self, model: TrainableModel, metrics: dict[str, float], split: str = "val") -> None:
+        """Record evaluation metrics for the current step in history.jsonl."""
+        run = self._run(model)
+        row = {f"{split}/{k}": v for k, v in metrics.items()}
+        run.store.append_history({"step": run.step, **row})
+
+    def list_checkpoints(self, model: TrainableModel) -> list[int]:
+        return self._run(model).store.steps()
+
+    def delete_checkpoints(
+        self, model: TrainableModel, keep_last: int = 1, keep_best_by: str | None = "val/reward"
+    ) -> list[int]:
+        """Delete checkpoints but the latest `keep_last` and the best by a history metric."""
+        run = self._run(model)
+        steps = run.store.steps()
+        keep = set(steps[-keep_last:]) if keep_last > 0 else set()
+        keep.add(run.step)
+        if keep_best_by:
+            scored = [
+                (r[keep_best_by], r["step"]) for r in run.store.history() if keep_best_by in r
+            ]
+            if scored:
+                keep.add(max(scored)[1])
+        deleted = [s for s in steps if s not in keep]
+        for s in deleted:
+            run.store.delete_checkpoint(s)
+        return deleted
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _run(self, model: TrainableModel) -> _Run:
+        run = self._runs.get((model.project, model.name))
+        if run is None:
+            raise RuntimeError(f"model {model.name!r} is not registered with this backend")
+        return run
+
+    def _ensure_server(self, base_model: str) -> Any:
+        if self._server is None:
+            from mcprl.serving import LocalServer
+
+            self._server = LocalServer(
+                base_model,
+                dtype=self.inference_dtype,
+                host=self.host,
+                port=self.port,
+                max_batch_size=self.max_batch_size,
+                served_name=base_model,
+            )
+            self._base = base_model
+        elif base_model != self._base:
+            raise ValueError(
+                f"this backend serves {self._base!r}; a model on {base_model!r} needs its own "
+                "LocalBackend"
+            )
+        return self._server

@@ -1,0 +1,130 @@
+"""From judged groups to training sequences, and from sequences to micro-batches.
+
+Sequences are built from the token ids the policy sampled; text is never re-tokenized. Each
+assistant completion's tokens are trained on; prompt, tool and user tokens are masked. A
+multi-turn attempt stays one sequence when each recorded prompt extends the previous prompt and
+completion; otherwise each completion is its own sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mcprl.training._losses import group_advantages
+from mcprl.types import Choice, Trajectory, TrajectoryGroup
+
+__all__ = ["BatchStats", "MicroBatch", "Sequence", "build_sequences", "micro_batches"]
+
+
+@dataclass
+class Sequence:
+    tokens: list[int]
+    mask: list[int]  # 1 where tokens[t] is a trained completion token
+    old_logprobs: list[float]  # aligned with tokens; 0.0 where mask is 0
+    advantage: float
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.mask)
+
+
+@dataclass
+class BatchStats:
+    groups: int = 0
+    groups_skipped: int = 0
+    trajectories_dropped: int = 0  # failed or not trainable
+    sequences: int = 0
+    trained_tokens: int = 0
+    rewards: list[float] = field(default_factory=list)
+
+
+def _extends(prefix: list[int], ids: list[int]) -> bool:
+    return len(ids) >= len(prefix) and ids[: len(prefix)] == prefix
+
+
+def _sequences_of(traj: Trajectory, advantage: float) -> list[Sequence]:
+    out: list[Sequence] = []
+    current: Sequence | None = None
+    for c in traj.choices:
+        assert c.prompt_token_ids is not None and c.token_ids is not None
+        assert c.logprobs is not None
+        if current is not None and _extends(current.tokens, c.prompt_token_ids):
+            gap = len(c.prompt_token_ids) - len(current.tokens)
+            current.tokens = list(c.prompt_token_ids)
+            current.mask += [0] * gap
+            current.old_logprobs += [0.0] * gap
+        else:
+            current = Sequence(
+                list(c.prompt_token_ids),
+                [0] * len(c.prompt_token_ids),
+                [0.0] * len(c.prompt_token_ids),
+                advantage,
+            )
+            out.append(current)
+        _append(current, c)
+    return out
+
+
+def _append(seq: Sequence, c: Choice) -> None:
+    seq.tokens += c.token_ids
+    seq.mask += [1] * len(c.token_ids)
+    seq.old_logprobs += list(c.logprobs)
+
+
+def build_sequences(
+    groups: list[TrajectoryGroup], scale_rewards: bool = True
+) -> tuple[list[Sequence], BatchStats]:
+    """Training sequences for every group with signal, and what was left out."""
+    stats = BatchStats()
+    sequences: list[Sequence] = []
+    for group in groups:
+        stats.groups += 1
+        usable = [t for t in group.trajectories if t.trainable and t.reward is not None]
+        stats.trajectories_dropped += len(group.trajectories) - len(usable) + len(group.exceptions)
+        stats.rewards += [t.reward for t in usable]
+        advantages = group_advantages([t.reward for t in usable], scale=scale_rewards)
+        if advantages is None:
+            stats.groups_skipped += 1
+            continue
+        for traj, adv in zip(usable, advantages, strict=True):
+            sequences += _sequences_of(traj, adv)
+    stats.sequences = len(sequences)
+    stats.trained_tokens = sum(s.trained_tokens for s in sequences)
+    return sequences, stats
+
+
+@dataclass
+class MicroBatch:
+    input_ids: torch.Tensor  # [b, T]
+    attention_mask: torch.Tensor  # [b, T]
+    loss_mask: torch.Tensor  # [b, T-1], for the predictions of tokens 1..T-1
+    old_logprobs: torch.Tensor  # [b, T-1]
+    advantages: torch.Tensor  # [b, 1]
+
+
+def micro_batches(sequences: list[Sequence], token_budget: int, pad_id: int) -> list[MicroBatch]:
+    """Pack sequences (longest first) so each micro-batch pads to at most `token_budget`."""
+    order = sorted(sequences, key=lambda s: len(s.tokens), reverse=True)
+    batches: list[list[Sequence]] = []
+    for seq in order:
+        if batches and len(batches[-1][0].tokens) * (len(batches[-1]) + 1) <= token_budget:
+            batches[-1].append(seq)
+        else:
+            batches.append([seq])
+    return [_collate(b, pad_id) for b in batches]
+
+
+def _collate(seqs: list[Sequence], pad_id: int) -> MicroBatch:
+    width = max(len(s.tokens) for s in seqs)
+
+    def pad(values: list, fill) -> list:
+        return values + [fill] * (width - len(values))
+
+    ids = torch.tensor([pad(s.tokens, pad_id) for s in seqs])
+    attention = torch.tensor([pad([1] * len(s.tokens), 0) for s in seqs])
+    mask = torch.tensor([pad(s.mask, 0) for s in seqs], dtype=torch.float32)[:, 1:]
+    old = torch.tensor([pad(s.old_logprobs, 0.0) for s in seqs], dtype=torch.float32)[:, 1:]
+    adv = torch.tensor([[s.advantage] for s in seqs], dtype=torch.float32)
+    return MicroBatch(ids, attention, mask, old, adv)

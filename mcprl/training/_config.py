@@ -1,0 +1,44 @@
+"""Training configuration: small composed models, checked once."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["LoraConfig", "TrainConfig"]
+
+ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    r: int = Field(default=8, ge=1)
+    alpha: int = Field(default=16, ge=1)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: list(ALL_PROJECTIONS))
+
+
+class TrainConfig(BaseModel):
+    """One GRPO step's settings (see `mcprl.training._losses` for the variants)."""
+
+    model_config = ConfigDict(extra="forbid")
+    learning_rate: float = Field(default=1e-4, gt=0, description="5e-6..1e-5 for 1B+ models")
+    loss: Literal["ppo", "gspo", "cispo"] = "ppo"
+    eps_low: float = Field(default=0.2, ge=0, lt=1)
+    eps_high: float = Field(default=0.2, ge=0)
+    beta: float = Field(default=0.0, ge=0, description="KL penalty to the base model")
+    normalization: Literal["token", "sequence", "fixed"] = "token"
+    fixed_length: int = Field(default=1024, ge=1, description='for normalization "fixed"')
+    scale_rewards: bool = Field(default=True, description="divide advantages by the group std")
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    token_budget: int = Field(default=4096, ge=64, description="padded tokens per micro-batch")
+    weight_decay: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.loss == "gspo" and self.normalization != "sequence":
+            raise ValueError(
+                'loss "gspo" gives one loss per sequence; set normalization="sequence" with it'
+            )
+        return self

@@ -1,0 +1,128 @@
+"""GRPO, as implemented: advantages, the policy-loss variants, and normalisation.
+
+Shapes: every tensor is [batch, time], already aligned so that position t holds the
+log-probability of token t; `mask` is 1 on trained (assistant) tokens and 0 elsewhere.
+
+- Advantage = reward - mean(group), divided by the group's std unless disabled (Dr. GRPO).
+  Groups whose rewards are all equal carry no signal and are skipped.
+- `PPOClip`: token-level ratio against the sampling log-probabilities, clipped at
+  [1 - eps_low, 1 + eps_high].
+- `GSPO`: one ratio per sequence, the geometric mean of its token ratios, clipped likewise.
+- `CISPO`: REINFORCE on the log-probabilities, weighted by the clipped ratio with its gradient
+  stopped, so clipped tokens still contribute.
+- KL to the base model (beta > 0): the k3 estimator exp(ref - new) - (ref - new) - 1 per token.
+- Normalisation: "token" (sum over the batch's trained tokens / their count), "sequence" (mean
+  per sequence, then over sequences), "fixed" (sum / (sequences x a fixed length), Dr. GRPO).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "CISPO",
+    "GSPO",
+    "LOSSES",
+    "Normalizer",
+    "PPOClip",
+    "PolicyLoss",
+    "group_advantages",
+    "kl_k3",
+]
+
+
+def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | None:
+    """Advantages for one group, or None when every reward is equal (no signal)."""
+    if len(rewards) < 2 or max(rewards) - min(rewards) < 1e-9:
+        return None
+    mean = sum(rewards) / len(rewards)
+    centred = [r - mean for r in rewards]
+    if not scale:
+        return centred
+    std = math.sqrt(sum(c * c for c in centred) / (len(rewards) - 1))
+    return [c / (std + 1e-6) for c in centred]
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """Turns per-token losses into one number, consistently across micro-batches.
+
+    `total_tokens` and `total_sequences` describe the whole batch, so the losses of
+    micro-batches add up to the loss of the batch and gradient accumulation is exact.
+    """
+
+    kind: str
+    total_tokens: int
+    total_sequences: int
+    fixed_length: int = 1024
+
+    def __call__(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        masked = per_token * mask
+        if self.kind == "token":
+            return masked.sum() / max(self.total_tokens, 1)
+        if self.kind == "sequence":
+            lengths = mask.sum(-1).clamp(min=1)
+            return (masked.sum(-1) / lengths).sum() / max(self.total_sequences, 1)
+        if self.kind == "fixed":
+            return masked.sum() / (max(self.total_sequences, 1) * self.fixed_length)
+        raise ValueError(f"unknown normalisation {self.kind!r}")
+
+
+class PolicyLoss:
+    """A policy-loss variant: per-token losses (and clip statistics) from log-probabilities."""
+
+    name = "base"
+
+    def __init__(self, eps_low: float = 0.2, eps_high: float = 0.2) -> None:
+        self.eps_low, self.eps_high = eps_low, eps_high
+
+    def per_token(
+        self, new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(per-token loss, per-token 1.0 where clipping was active); adv is [batch, 1]."""
+        raise NotImplementedError
+
+
+class PPOClip(PolicyLoss):
+    name = "ppo"
+
+    def per_token(self, new, old, adv, mask):
+        ratio = torch.exp(new - old)
+        clipped = ratio.clamp(1 - self.eps_low, 1 + self.eps_high)
+        unclipped_obj, clipped_obj = ratio * adv, clipped * adv
+        loss = -torch.minimum(unclipped_obj, clipped_obj)
+        return loss, (clipped_obj < unclipped_obj).float()
+
+
+class GSPO(PolicyLoss):
+    name = "gspo"
+
+    def per_token(self, new, old, adv, mask):
+        lengths = mask.sum(-1, keepdim=True).clamp(min=1)
+        log_ratio = ((new - old) * mask).sum(-1, keepdim=True) / lengths
+        ratio = torch.exp(log_ratio)  # [batch, 1]: one ratio per sequence
+        clipped = ratio.clamp(1 - self.eps_low, 1 + self.eps_high)
+        seq_loss = -torch.minimum(ratio * adv, clipped * adv)
+        was_clipped = (clipped * adv < ratio * adv).float()
+        return seq_loss.expand_as(new), was_clipped.expand_as(new)
+
+
+class CISPO(PolicyLoss):
+    name = "cispo"
+
+    def per_token(self, new, old, adv, mask):
+        ratio = torch.exp(new - old)
+        weight = ratio.clamp(1 - self.eps_low, 1 + self.eps_high).detach()
+        return -weight * adv * new, (weight != ratio.detach()).float()
+
+
+LOSSES: dict[str, type[PolicyLoss]] = {cls.name: cls for cls in (PPOClip, GSPO, CISPO)}
+
+
+def kl_k3(new: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per-token estimate of KL(new || ref), always >= 0, unbiased in expectation."""
+    diff = ref - new
+    return torch.exp(diff) - diff - 1

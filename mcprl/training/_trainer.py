@@ -1,0 +1,174 @@
+"""`LoraTrainer`: one GRPO step on a LoRA adapter, from judged trajectory groups.
+
+    trainer = LoraTrainer(resolve_model("smollm2-135m"), LoraConfig())
+    metrics = trainer.step(groups, TrainConfig(learning_rate=1e-4))
+    trainer.save(checkpoint_dir)             # adapter + optimizer state
+
+A step reads like the algorithm: build sequences from the sampled tokens, compute advantages per
+group, then for each micro-batch: log-probabilities under the current policy, the chosen policy
+loss, an optional KL penalty to the base model, backward; finally clip the gradient norm and take
+one optimizer step. Micro-batch losses are normalised against the whole batch, so accumulating
+them gives exactly the full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mcprl.training._batch import MicroBatch, build_sequences, micro_batches
+from mcprl.training._config import LoraConfig, TrainConfig
+from mcprl.training._losses import LOSSES, Normalizer, kl_k3
+from mcprl.types import TrajectoryGroup
+
+__all__ = ["LoraTrainer"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class LoraTrainer:
+    def __init__(
+        self,
+        base_path: str,
+        lora: LoraConfig | None = None,
+        *,
+        adapter_path: str | Path | None = None,
+        dtype: str = "float32",
+        device: str | None = None,
+    ) -> None:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tokenizer = AutoTokenizer.from_pretrained(base_path)
+        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=_DTYPES[dtype]).to(self.device)
+        if adapter_path is not None:
+            self.model = PeftModel.from_pretrained(base, str(adapter_path), is_trainable=True)
+        else:
+            lora = lora or LoraConfig()
+            config = PeftLoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=lora.target_modules,
+                task_type="CAUSAL_LM",
+            )
+            self.model = get_peft_model(base, config)
+        self.model.config.use_cache = False
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=0.0)
+        self.updates = 0
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def step(self, groups: list[TrajectoryGroup], config: TrainConfig) -> dict[str, float]:
+        started = time.perf_counter()
+        sequences, stats = build_sequences(groups, scale_rewards=config.scale_rewards)
+        metrics = _reward_metrics(stats)
+        if not sequences:
+            logger.info("no group carried a signal; no update this step")
+            metrics.update(trained_tokens=0.0, skipped_update=1.0)
+            metrics["time_train_s"] = time.perf_counter() - started
+            return metrics
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.learning_rate
+            group["weight_decay"] = config.weight_decay
+        loss_fn = LOSSES[config.loss](config.eps_low, config.eps_high)
+        norm = Normalizer(
+            config.normalization, stats.trained_tokens, len(sequences), config.fixed_length
+        )
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "abs_logprob_drift": 0.0}
+        for batch in micro_batches(sequences, config.token_budget, self.pad_id):
+            parts = self._micro_step(batch, loss_fn, norm, config.beta)
+            for k, v in parts.items():
+                totals[k] += v
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.params, config.max_grad_norm if config.max_grad_norm else math.inf
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.updates += 1
+        tokens = max(stats.trained_tokens, 1)
+        metrics.update(
+            loss=totals["loss"],
+            kl=totals["kl"],
+            clip_fraction=totals["clipped"] / tokens,
+            abs_logprob_drift=totals["abs_logprob_drift"] / tokens,
+            grad_norm=float(grad_norm),
+            learning_rate=config.learning_rate,
+            trained_tokens=float(stats.trained_tokens),
+            sequences=float(stats.sequences),
+            time_train_s=time.perf_counter() - started,
+        )
+        return metrics
+
+    def _micro_step(self, batch: MicroBatch, loss_fn, norm: Normalizer, beta: float) -> dict:
+        ids = batch.input_ids.to(self.device)
+        attention = batch.attention_mask.to(self.device)
+        mask = batch.loss_mask.to(self.device)
+        old = batch.old_logprobs.to(self.device)
+        adv = batch.advantages.to(self.device)
+        new = self.token_logprobs(ids, attention)
+        per_token, clipped = loss_fn.per_token(new, old, adv, mask)
+        loss = norm(per_token, mask)
+        kl_value = 0.0
+        if beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref = self.token_logprobs(ids, attention)
+            kl = norm(kl_k3(new, ref), mask)
+            loss = loss + beta * kl
+            kl_value = float(kl)
+        loss.backward()
+        return {
+            "loss": float(loss.detach()),
+            "kl": kl_value,
+            "clipped": float((clipped * mask).sum()),
+            "abs_logprob_drift": float(((new.detach() - old).abs() * mask).sum()),
+        }
+
+    def token_logprobs(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """log p(token t | tokens < t) for t = 1..T-1, as [batch, T-1] float32."""
+        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return logp.gather(-1, ids[:, 1:, None])[..., 0]
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def save(self, directory: str | Path) -> None:
+        """Adapter weights (peft format, safetensors) and optimizer state."""
+        directory = Path(directory)
+        self.model.save_pretrained(directory)
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "updates": self.updates},
+            directory / "trainer_state.pt",
+        )
+
+    def load_state(self, directory: str | Path) -> None:
+        state = torch.load(Path(directory) / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(state["updates"])
+
+
+def _reward_metrics(stats: Any) -> dict[str, float]:
+    rewards = stats.rewards
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
+    return {
+        "reward_mean": mean,
+        "reward_std": std,
+        "groups": float(stats.groups),
+        "groups_skipped_fraction": stats.groups_skipped / max(stats.groups, 1),
+        "attempts_dropped": float(stats.trajectories_dropped),
+    }

@@ -1,0 +1,393 @@
+"""GRPO: losses against a plainly written reference, sequences, and real training steps."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from mcprl.training import (
+    LOSSES,
+    LoraTrainer,
+    Normalizer,
+    TrainConfig,
+    build_sequences,
+    group_advantages,
+    micro_batches,
+)
+from mcprl.training._losses import kl_k3
+from mcprl.types import Choice, Trajectory, TrajectoryGroup
+
+# -- the loss, checked against a loop over tokens ---------------------------------------------
+
+
+def reference_loss(new, old, adv, mask, variant, eps_low, eps_high, norm, fixed_length):
+    """The objective written out token by token, with no vectorisation."""
+    batch, time = new.shape
+    terms = [[None] * time for _ in range(batch)]
+    for b in range(batch):
+        a = adv[b, 0]
+        n_b = sum(int(mask[b, t]) for t in range(time))
+        if variant == "gspo":
+            log_ratio = sum((new[b, t] - old[b, t]) for t in range(time) if mask[b, t]) / max(
+                n_b, 1
+            )
+            s = torch.exp(log_ratio)
+            seq_term = -torch.minimum(s * a, s.clamp(1 - eps_low, 1 + eps_high) * a)
+        for t in range(time):
+            if not mask[b, t]:
+                continue
+            r = torch.exp(new[b, t] - old[b, t])
+            if variant == "ppo":
+                terms[b][t] = -torch.minimum(r * a, r.clamp(1 - eps_low, 1 + eps_high) * a)
+            elif variant == "cispo":
+                w = r.clamp(1 - eps_low, 1 + eps_high).detach()
+                terms[b][t] = -w * a * new[b, t]
+            else:
+                terms[b][t] = seq_term
+    flat = [x for row in terms for x in row if x is not None]
+    n_tokens = len(flat)
+    if norm == "token":
+        return sum(flat) / n_tokens
+    if norm == "sequence":
+        per_seq = []
+        for row in terms:
+            kept = [x for x in row if x is not None]
+            per_seq.append(sum(kept) / max(len(kept), 1))
+        return sum(per_seq) / batch
+    return sum(flat) / (batch * fixed_length)
+
+
+CASES = [
+    (variant, norm)
+    for variant in ("ppo", "cispo", "gspo")
+    for norm in ("token", "sequence", "fixed")
+    if variant != "gspo" or norm == "sequence"
+]
+
+
+@pytest.mark.parametrize(("variant", "norm"), CASES)
+def test_losses_and_gradients_match_a_token_loop(variant, norm):
+    torch.manual_seed(0)
+    batch, time = 4, 7
+    old = torch.randn(batch, time).clamp(-5, 0) - 0.1
+    base = old + 0.4 * torch.randn(batch, time)  # ratios both inside and outside the clip range
+    mask = (torch.rand(batch, time) > 0.3).float()
+    mask[:, 0] = 1.0
+    adv = torch.tensor([[1.3], [-0.7], [0.4], [-1.0]])
+
+    new_vec = base.clone().requires_grad_(True)
+    loss_fn = LOSSES[variant](0.2, 0.28)
+    norm_fn = Normalizer(norm, int(mask.sum()), batch, fixed_length=16)
+    per_token, _ = loss_fn.per_token(new_vec, old, adv, mask)
+    vectorised = norm_fn(per_token, mask)
+    vectorised.backward()
+
+    new_loop = base.clone().requires_grad_(True)
+    looped = reference_loss(new_loop, old, adv, mask, variant, 0.2, 0.28, norm, 16)
+    looped.backward()
+
+    assert math.isclose(vectorised.item(), looped.item(), rel_tol=1e-5, abs_tol=1e-7)
+    assert torch.allclose(new_vec.grad, new_loop.grad, atol=1e-6)  # stated tolerance: 1e-6
+
+
+def test_kl_penalty_matches_a_token_loop():
+    torch.manual_seed(1)
+    new = torch.randn(3, 5, requires_grad=True)
+    ref = torch.randn(3, 5)
+    loop = sum(
+        math.exp(float(ref[b, t] - new[b, t])) - float(ref[b, t] - new[b, t]) - 1
+        for b in range(3)
+        for t in range(5)
+    )
+    assert math.isclose(float(kl_k3(new, ref).sum()), loop, rel_tol=1e-5)
+    assert float(kl_k3(ref, ref).abs().max()) == 0.0
+
+
+def test_gspo_needs_sequence_normalisation():
+    with pytest.raises(ValueError, match='normalization="sequence"'):
+        TrainConfig(loss="gspo")
+    TrainConfig(loss="gspo", normalization="sequence")
+
+
+def test_advantages():
+    assert group_advantages([1.0, 1.0, 1.0]) is None
+    centred = group_advantages([1.0, 0.0], scale=False)
+    assert centred == [0.5, -0.5]
+    scaled = group_advantages([1.0, 0.0, 0.5, 0.5])
+    assert abs(sum(scaled)) < 1e-9 and scaled[0] > 1.0
+
+
+# -- sequences ----------------------------------------------------------------------------------
+
+
+def traj(reward, *choices):
+    return Trajectory(reward=reward, choices=list(choices))
+
+
+def choice(prompt, tokens, lp=-0.5):
+    return Choice(
+        message_index=0, prompt_token_ids=prompt, token_ids=tokens, logprobs=[lp] * len(tokens)
+    )
+
+
+def test_a_multi_turn_attempt_stays_one_sequence_when_prompts_extend():
+    first = choice([1, 2, 3], [10, 11])
+    second = choice([1, 2, 3, 10, 11, 20, 21], [30, 31, 32])
+    unrelated = choice([9, 9], [40])
+    group = TrajectoryGroup(trajectories=[traj(1.0, first, second), traj(0.0, unrelated)])
+    sequences, stats = build_sequences([group])
+    merged = sequences[0]
+    assert merged.tokens == [1, 2, 3, 10, 11, 20, 21, 30, 31, 32]
+    assert merged.mask == [0, 0, 0, 1, 1, 0, 0, 1, 1, 1]
+    assert merged.old_logprobs == [0, 0, 0, -0.5, -0.5, 0, 0, -0.5, -0.5, -0.5]
+    assert len(sequences) == 2 and stats.trained_tokens == 6
+
+
+def test_a_prompt_that_does_not_extend_starts_a_new_sequence():
+    first = choice([1, 2, 3], [10, 11])
+    rewritten = choice([1, 2, 3, 12, 20], [30])  # the template re-rendered the reply differently
+    sequences, _ = build_sequences(
+        [TrajectoryGroup(trajectories=[traj(1.0, first, rewritten), traj(0.0, choice([1], [5]))])]
+    )
+    assert [s.tokens for s in sequences[:2]] == [[1, 2, 3, 10, 11], [1, 2, 3, 12, 20, 30]]
+
+
+def test_equal_rewards_failed_and_untrainable_attempts_are_left_out():
+    flat = TrajectoryGroup(trajectories=[traj(0.5, choice([1], [2])), traj(0.5, choice([1], [3]))])
+    untrainable = Trajectory(reward=1.0, choices=[Choice(message_index=0)])
+    mixed = TrajectoryGroup(
+        trajectories=[traj(1.0, choice([1], [2])), traj(0.0, choice([1], [3])), untrainable],
+        exceptions=[__import__("mcprl").AttemptError(type="E", message="m")],
+    )
+    sequences, stats = build_sequences([flat, mixed])
+    assert stats.groups == 2 and stats.groups_skipped == 1
+    assert stats.trajectories_dropped == 2 and len(sequences) == 2
+
+
+def test_micro_batches_respect_the_token_budget():
+    sequences, _ = build_sequences(
+        [
+            TrajectoryGroup(
+                trajectories=[
+                    traj(float(i % 2), choice(list(range(5 + i)), [7] * 10)) for i in range(9)
+                ]
+            )
+        ]
+    )
+    batches = micro_batches(sequences, token_budget=64, pad_id=0)
+    assert sum(b.input_ids.shape[0] for b in batches) == 9
+    assert all(b.input_ids.numel() <= 64 or b.input_ids.shape[0] == 1 for b in batches)
+
+
+# -- real steps with the tiny model ------------------------------------------------------------
+
+pytestmark_slow = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def base_path():
+    from mcprl.serving import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+def _on_policy_group(trainer: LoraTrainer, prompt: list[int], completions, rewards):
+    trajectories = []
+    for tokens, reward in zip(completions, rewards, strict=True):
+        ids = torch.tensor([prompt + tokens])
+        with torch.no_grad():
+            lp = trainer.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt) - 1 :]
+        trajectories.append(
+            traj(
+                reward,
+                Choice(
+                    message_index=2, prompt_token_ids=prompt, token_ids=tokens, logprobs=lp.tolist()
+                ),
+            )
+        )
+    return TrajectoryGroup(scenario_id="s", trajectories=trajectories)
+
+
+def _sequence_logprob(trainer, prompt, tokens) -> float:
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        return float(trainer.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt) - 1 :].sum())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["ppo", "cispo", "gspo"])
+def test_one_step_raises_the_good_completion_and_lowers_the_bad(base_path, variant):
+    trainer = LoraTrainer(base_path)
+    tok = trainer.tokenizer
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 6 times 7?"}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    good = tok.encode("6 times 7 is 42.<|im_end|>")
+    bad = tok.encode("I like turtles.<|im_end|>")
+    before = [_sequence_logprob(trainer, prompt, c) for c in (good, bad)]
+    group = _on_policy_group(trainer, prompt, [good, bad], [1.0, 0.0])
+    norm = "sequence" if variant == "gspo" else "token"
+    metrics = trainer.step(
+        [group], TrainConfig(learning_rate=2e-3, loss=variant, normalization=norm)
+    )
+    after = [_sequence_logprob(trainer, prompt, c) for c in (good, bad)]
+    assert after[0] > before[0] and after[1] < before[1], (before, after)
+    assert metrics["abs_logprob_drift"] < 1e-3  # on-policy: the trainer agrees with the sampler
+    assert metrics["grad_norm"] > 0 and metrics["groups_skipped_fraction"] == 0
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_equals_one_full_batch(base_path):
+    grads = []
+    for budget in (64, 100_000):
+        torch.manual_seed(0)
+        trainer = LoraTrainer(base_path)
+        prompt = trainer.tokenizer.encode("Hello there, how are you?")
+        group = _on_policy_group(
+            trainer, prompt, [[11, 12, 13], [14, 15], [16, 17, 18, 19]], [1.0, 0.0, 0.5]
+        )
+        trainer.step(
+            [group], TrainConfig(token_budget=budget, max_grad_norm=None, learning_rate=1e-9)
+        )
+        # the update is negligible; read back the gradient the optimizer saw via its state
+        state = trainer.optimizer.state
+        grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-4)
+
+
+# -- the local backend -------------------------------------------------------------------------
+
+
+def _make_group(backend_model_tokenizer, rewards=(1.0, 0.0)):
+    tok = backend_model_tokenizer
+    prompt = tok.encode("Say something nice.")
+    completions = [tok.encode(" You are great."), tok.encode(" Whatever.")]
+    trajectories = [
+        traj(r, choice(prompt, c, lp=-1.0)) for r, c in zip(rewards, completions, strict=True)
+    ]
+    return TrajectoryGroup(scenario_id="nice", trajectories=trajectories)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_local_backend_trains_checkpoints_serves_and_resumes(tmp_path):
+    import json
+
+    import openai
+
+    from mcprl import TrainableModel
+    from mcprl.backends import LocalBackend
+
+    with LocalBackend(tmp_path / "runs") as backend:
+        model = TrainableModel(name="agent", project="p").register(backend)
+        assert model.get_step() == 0 and model.served_name == "agent@0"
+        client = model.openai_client()
+        ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
+        at0 = await client.chat.completions.create(model="agent@0", **ask)
+        base = await client.chat.completions.create(model="smollm2-135m", **ask)
+        assert at0.choices[0].model_extra["token_ids"] == base.choices[0].model_extra["token_ids"]
+        tok = backend._runs[("p", "agent")].trainer.tokenizer
+        result = await backend.train(model, [_make_group(tok)], TrainConfig(learning_rate=1e-3))
+        assert result.step == 1 and model.served_name == "agent@1"
+        ids = [m.id for m in (await client.models.list()).data]
+        assert "agent@1" in ids and "agent@0" not in ids
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="agent@0", **ask)
+        run_dir = tmp_path / "runs" / "p" / "agent"
+        assert (run_dir / "checkpoints" / "0001" / "adapter_model.safetensors").is_file()
+        assert (run_dir / "trajectories" / "train" / "0001.jsonl").is_file()
+        history = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+        assert history[-1]["step"] == 1 and "train/loss" in history[-1]
+        backend.log(model, {"reward": 0.5})
+        updates = backend._runs[("p", "agent")].trainer.updates
+
+    with LocalBackend(tmp_path / "runs") as again:
+        resumed = TrainableModel(name="agent", project="p").register(again)
+        assert resumed.get_step() == 1
+        trainer = again._runs[("p", "agent")].trainer
+        assert trainer.updates == updates == 1 and trainer.optimizer.state  # optimizer restored
+        await again.train(resumed, [_make_group(trainer.tokenizer)])
+        assert again.list_checkpoints(resumed) == [0, 1, 2]
+        assert again.delete_checkpoints(resumed, keep_last=1, keep_best_by="val/reward") == [0]
+        assert again.list_checkpoints(resumed) == [1, 2]  # 1 kept as best by val/reward
+
+
+KILL_SCRIPT = """
+import sys, anyio
+from mcprl import TrainableModel
+from mcprl.backends import LocalBackend
+from mcprl.training import TrainConfig
+from mcprl.types import Choice, Trajectory, TrajectoryGroup
+
+def group(tok):
+    prompt = tok.encode("Tell me a story about a dragon. " * 12)
+    trajs = []
+    for i, r in enumerate([1.0, 0.0, 0.5, 0.25]):
+        toks = tok.encode(f" Once upon a time number {i}" * 8)
+        trajs.append(Trajectory(reward=r, choices=[Choice(message_index=0,
+            prompt_token_ids=prompt, token_ids=toks, logprobs=[-1.0] * len(toks))]))
+    return TrajectoryGroup(scenario_id="s", trajectories=trajs)
+
+async def main(path, steps):
+    with LocalBackend(path) as backend:
+        model = TrainableModel(name="m", project="kill").register(backend)
+        tok = backend._runs[("kill", "m")].trainer.tokenizer
+        print("start", model.get_step(), backend._runs[("kill", "m")].trainer.updates, flush=True)
+        for _ in range(steps):
+            print("training", model.get_step() + 1, flush=True)
+            await backend.train(model, [group(tok)] * 2, TrainConfig(token_budget=2048))
+            print("done", model.get_step(), flush=True)
+
+anyio.run(main, sys.argv[1], int(sys.argv[2]))
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_mid_step_resumes_from_its_last_checkpoint(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(KILL_SCRIPT))
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(runs), "5"], stdout=subprocess.PIPE, text=True, env=env
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.strip())
+        if line.startswith("training 2"):
+            break
+    import time as _time
+
+    _time.sleep(1.0)  # inside step 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    assert "done 1" in lines
+    checkpoints = runs / "kill" / "m" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) in (
+        ["0000", "0001"],
+        ["0000", "0001", "0002"],  # killed before, or just after, the write
+    )
+    resumed = subprocess.run(
+        [sys.executable, str(script), str(runs), "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    start = resumed.stdout.splitlines()[0].split()
+    step, updates = int(start[1]), int(start[2])
+    assert step in (1, 2) and updates == step  # same step count and optimizer state
+    assert f"done {step + 1}" in resumed.stdout
+    assert not any(p.name.startswith(".tmp-") for p in checkpoints.iterdir())
