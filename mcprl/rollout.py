@@ -119,9 +119,14 @@ async def rollout(
     *,
     client: Any = None,
 ) -> Trajectory:
-    """One attempt at `scenario` by `model` (a `Model` or `TrainableModel`) on `server`."""
+    """One attempt at `scenario` by `model` (a `Model` or `TrainableModel`) on `server`.
+
+    Pass `client` to share one OpenAI client across attempts; otherwise one is made and closed.
+    """
+    if client is None:
+        async with model.openai_client() as own:
+            return await rollout(model, scenario, server, config, client=own)
     config = config or RolloutConfig()
-    client = client or model.openai_client()
     served = model.served_name
     started = time.perf_counter()
     traj = Trajectory(metadata={"scenario_id": scenario.id, "model": served})

@@ -326,7 +326,8 @@ async def test_a_real_rollout_with_the_tiny_model_records_the_served_tokens(
     client.chat.completions.create = recording
     model = Model(name="smollm2-135m", base_url=policy_server.base_url)
     config = RolloutConfig(max_turns=2, max_tokens=64, seed=0)
-    t = await rollout(model, SCENARIO, calculator, config, client=client)
+    async with client:
+        t = await rollout(model, SCENARIO, calculator, config, client=client)
     assert 1 <= t.metrics["turns"] <= 2 and t.trainable
     for choice, response in zip(t.choices, returned, strict=True):
         extra = response.choices[0].model_extra

@@ -55,7 +55,7 @@ class LocalBackend:
         path: str | Path = ".mcprl",
         *,
         inference_dtype: str = "bfloat16",
-        train_dtype: str = "float32",
+        train_dtype: str = "bfloat16",
         host: str = "127.0.0.1",
         port: int = 0,
         max_batch_size: int = 32,

@@ -120,13 +120,13 @@ class LoraTrainer:
         mask = batch.loss_mask.to(self.device)
         old = batch.old_logprobs.to(self.device)
         adv = batch.advantages.to(self.device)
-        new = self.token_logprobs(ids, attention)
+        new = self.token_logprobs(ids, attention, mask)
         per_token, clipped = loss_fn.per_token(new, old, adv, mask)
         loss = norm(per_token, mask)
         kl_value = 0.0
         if beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                ref = self.token_logprobs(ids, attention)
+                ref = self.token_logprobs(ids, attention, mask)
             kl = norm(kl_k3(new, ref), mask)
             loss = loss + beta * kl
             kl_value = float(kl)
@@ -138,11 +138,26 @@ class LoraTrainer:
             "abs_logprob_drift": float(((new.detach() - old).abs() * mask).sum()),
         }
 
-    def token_logprobs(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """log p(token t | tokens < t) for t = 1..T-1, as [batch, T-1] float32."""
-        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        return logp.gather(-1, ids[:, 1:, None])[..., 0]
+    def token_logprobs(
+        self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """log p(token t | tokens < t) for t = 1..T-1, as [batch, T-1] float32.
+
+        With `mask`, the vocabulary projection and softmax run only where mask is 1 (zeros
+        elsewhere): the trained tokens are a fraction of the sequence, and the [tokens x vocab]
+        logits are the largest tensors of a step.
+        """
+        causal_lm = self.model.get_base_model()
+        hidden = causal_lm.model(input_ids=ids, attention_mask=attention).last_hidden_state
+        hidden, targets = hidden[:, :-1], ids[:, 1:]
+        if mask is None:
+            logits = causal_lm.lm_head(hidden).float()
+            return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+        keep = mask.bool()
+        logits = causal_lm.lm_head(hidden[keep]).float()
+        picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[keep][:, None])[:, 0]
+        out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
+        return out.index_put((keep,), picked)
 
     # -- state ---------------------------------------------------------------------------------
 
