@@ -33,6 +33,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _machine import peak_gflops
 
 from mcprl.serving import LocalServer, load_model, resolve_model
 from mcprl.serving._chat import render_prompt
@@ -51,17 +54,6 @@ PROMPTS = [
 
 # (seconds, prompt tokens, completion tokens)
 Run = tuple[float, int, int]
-
-
-def peak_gflops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2 * n**3 * count / (time.perf_counter() - start) / 1e9
 
 
 def prompts_for(k: int) -> list[str]:

@@ -32,6 +32,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _machine import peak_gflops  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MODEL = "smollm2-135m"
 
@@ -44,14 +49,11 @@ def _batch(args, vocab: int):
     return prompt, completion, rewards
 
 
-def run_mcprl(args, dtype: str) -> list[float]:
-    from mcprl.serving import resolve_model
-    from mcprl.training import LoraTrainer, TrainConfig
+def _group(args, vocab: int):
     from mcprl.types import Choice, Trajectory, TrajectoryGroup
 
-    trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
-    prompt, completion, rewards = _batch(args, trainer.model.config.vocab_size)
-    group = TrajectoryGroup(
+    prompt, completion, rewards = _batch(args, vocab)
+    return TrajectoryGroup(
         trajectories=[
             Trajectory(
                 reward=r,
@@ -67,6 +69,14 @@ def run_mcprl(args, dtype: str) -> list[float]:
             for i, r in enumerate(rewards)
         ]
     )
+
+
+def run_mcprl(args, dtype: str) -> list[float]:
+    from mcprl.serving import resolve_model
+    from mcprl.training import LoraTrainer, TrainConfig
+
+    trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
+    group = _group(args, trainer.model.config.vocab_size)
     config = TrainConfig(
         learning_rate=1e-5, token_budget=args.sequences * (args.prompt + args.completion)
     )
@@ -153,44 +163,16 @@ def gradient_agreement(args) -> float:
     """Cosine similarity of the bfloat16 and float32 trainers' gradients on one batch."""
     from mcprl.serving import resolve_model
     from mcprl.training import LoraTrainer, TrainConfig
-    from mcprl.types import Choice, Trajectory, TrajectoryGroup
 
     grads = []
     for dtype in ("float32", "bfloat16"):
         torch.manual_seed(0)
         trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
-        prompt, completion, rewards = _batch(args, trainer.model.config.vocab_size)
-        group = TrajectoryGroup(
-            trajectories=[
-                Trajectory(
-                    reward=r,
-                    choices=[
-                        Choice(
-                            message_index=2,
-                            prompt_token_ids=prompt[i].tolist(),
-                            token_ids=completion[i].tolist(),
-                            logprobs=[-2.0] * args.completion,
-                        )
-                    ],
-                )
-                for i, r in enumerate(rewards)
-            ]
-        )
+        group = _group(args, trainer.model.config.vocab_size)
         trainer.step([group], TrainConfig(learning_rate=1e-12, max_grad_norm=None))
         state = trainer.optimizer.state
         grads.append(torch.cat([state[p]["exp_avg"].flatten().float() for p in trainer.params]))
     return float(torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0))
-
-
-def peak_gflops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    return 2 * n**3 * count / (time.perf_counter() - start) / 1e9
 
 
 def main() -> None:

@@ -176,3 +176,31 @@ def load_example(name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+FRAGILE_SERVER = f"""
+import os, sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+from _compat import make_server, serve
+server = make_server("fragile", "dies on request")
+
+@server.tool()
+def crash() -> str:
+    \"\"\"Exit the process at once, after a last word on stderr.\"\"\"
+    print("segfault in module foo", file=sys.stderr, flush=True)
+    os._exit(1)
+
+@server.tool()
+def echo(text: str) -> str:
+    \"\"\"Return the text.\"\"\"
+    return text
+
+serve(server)
+"""
+
+
+def fragile_server(tmp_path: Path) -> str:
+    """A stdio server spec whose `crash` tool kills it mid-session."""
+    path = tmp_path / "fragile.py"
+    path.write_text(FRAGILE_SERVER)
+    return f"{sys.executable} {path}"

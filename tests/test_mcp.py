@@ -13,7 +13,7 @@ from mcp import types as mcp_types
 from mcprl.errors import MCPConnectionError, MCPServerError, MCPServerStartError, ServerSpecError
 from mcprl.mcp import ServerSpec, inspect_server, load_mcp_config, open_session
 from mcprl.mcp._results import tool_result
-from tests.helpers import EXAMPLES, load_example, served
+from tests.helpers import EXAMPLES, fragile_server, load_example, served
 
 pytestmark = pytest.mark.anyio
 
@@ -209,29 +209,8 @@ async def test_a_server_with_no_tools(tmp_path):
         await inspect_server(spec)
 
 
-DYING = f"""
-import os, sys
-sys.path.insert(0, {str(EXAMPLES)!r})
-from _compat import make_server, serve
-server = make_server("fragile", "dies on request")
-
-@server.tool()
-def crash() -> str:
-    \"\"\"Exit the process at once.\"\"\"
-    print("segfault in module foo", file=sys.stderr, flush=True)
-    os._exit(1)
-
-@server.tool()
-def echo(text: str) -> str:
-    \"\"\"Return the text.\"\"\"
-    return text
-
-serve(server)
-"""
-
-
 async def test_a_server_that_dies_mid_session_raises_and_a_new_session_works(tmp_path):
-    spec = _script(tmp_path, DYING)
+    spec = fragile_server(tmp_path)
     with pytest.raises(MCPConnectionError) as info:
         async with open_session(spec) as session:
             assert (await session.call_tool("echo", {"text": "hi"})).text == "hi"

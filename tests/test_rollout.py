@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import textwrap
 from itertools import count
 
 import anyio
@@ -24,7 +22,7 @@ from mcprl import (
 )
 from mcprl.rewards import answer_matches, calls_matched, reference_reward, scorer
 from mcprl.scenarios import Reference, ReferenceCall, Scenario
-from tests.helpers import EXAMPLES, LocalChatServer, chat_completion, load_example
+from tests.helpers import LocalChatServer, chat_completion, fragile_server, load_example
 
 pytestmark = pytest.mark.anyio
 
@@ -174,31 +172,8 @@ async def test_an_endpoint_without_token_ids_gives_a_valid_untrainable_trajector
     assert t.metrics["trainable"] == 0 and reference_reward(t, SCENARIO) == 1.0
 
 
-DYING = f"""
-import os, sys
-sys.path.insert(0, {str(EXAMPLES)!r})
-from _compat import make_server, serve
-server = make_server("fragile", "dies on request")
-
-@server.tool()
-def crash() -> str:
-    \"\"\"Exit at once.\"\"\"
-    print("out of memory in worker", file=sys.stderr, flush=True)
-    os._exit(1)
-
-@server.tool()
-def echo(text: str) -> str:
-    \"\"\"Return the text.\"\"\"
-    return text
-
-serve(server)
-"""
-
-
 async def test_a_server_dying_mid_attempt_fails_that_attempt_only(tmp_path):
-    path = tmp_path / "fragile.py"
-    path.write_text(textwrap.dedent(DYING))
-    spec = f"{sys.executable} {path}"
+    spec = fragile_server(tmp_path)
     good = ScriptedPolicy(
         reply(call("echo", {"text": "hi"})), reply(call("complete_task", {"summary": "hi"}))
     )
@@ -212,7 +187,7 @@ async def test_a_server_dying_mid_attempt_fails_that_attempt_only(tmp_path):
     assert len(group.trajectories) == 2 and len(group.exceptions) == 1
     error = group.exceptions[0]
     assert error.type == "MCPConnectionError" and "crash" in error.message
-    assert "out of memory in worker" in error.message
+    assert "segfault in module foo" in error.message
 
 
 async def test_max_exceptions_aborts_the_batch():
