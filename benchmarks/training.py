@@ -78,7 +78,7 @@ def run_mcprl(args, dtype: str) -> list[float]:
     trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
     group = _group(args, trainer.model.config.vocab_size)
     config = TrainConfig(
-        learning_rate=1e-5, token_budget=args.sequences * (args.prompt + args.completion)
+        learning_rate=1e-5, token_budget=max(64, args.sequences * (args.prompt + args.completion))
     )
     times = []
     for _ in range(args.steps + 1):
