@@ -55,6 +55,19 @@ SCORES_SCHEMA: dict[str, Any] = {
 }
 
 
+def scores_schema(ids: list[str]) -> dict[str, Any]:
+    """SCORES_SCHEMA narrowed to this group: exactly these ids, one entry each.
+
+    With constrained decoding (vLLM, mcprl's server) even a small local judge then cannot
+    invent, drop or misspell an id.
+    """
+    schema = copy.deepcopy(SCORES_SCHEMA)
+    scores = schema["properties"]["scores"]
+    scores["items"]["properties"]["trajectory_id"] = {"type": "string", "enum": list(ids)}
+    scores["minItems"] = scores["maxItems"] = len(ids)
+    return schema
+
+
 class Judge:
     """An LLM judge that scores groups of trajectories relative to each other.
 
@@ -162,7 +175,7 @@ class Judge:
         reply, problems = "", []
         for asked in range(self.parse_retries + 1):
             reply = await self.llm.complete(
-                request, usage, schema=SCORES_SCHEMA, schema_name="ruler_scores"
+                request, usage, schema=scores_schema(prompt.judge_ids), schema_name="ruler_scores"
             )
             obj, problem = extract_json(reply)
             if obj is not None:

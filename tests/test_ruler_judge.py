@@ -125,7 +125,12 @@ async def test_json_schema_is_requested_where_supported():
     await judge(fn, structured_output="json_schema").score([attempt("a"), attempt("b")])
     fmt = fn.requests[0]["response_format"]
     assert fmt["type"] == "json_schema"
-    assert fmt["json_schema"]["schema"] == ruler.SCORES_SCHEMA
+    schema = fmt["json_schema"]["schema"]
+    assert schema["properties"]["scores"]["items"]["properties"]["trajectory_id"]["enum"] == [
+        "1",
+        "2",
+    ]
+    assert schema["properties"]["scores"]["minItems"] == 2
     # Without a schema the instruction alone carries the format.
     fn2 = ScriptedJudge(scores_reply({"1": 0.8, "2": 0.3}))
     await judge(fn2, structured_output="instructions").score([attempt("a"), attempt("b")])
