@@ -39,6 +39,7 @@ from _machine import peak_gflops
 
 from mcprl.serving import LocalServer, load_model, resolve_model
 from mcprl.serving._chat import render_prompt
+from tests.helpers import free_port
 
 MODEL = "smollm2-135m"
 PROMPTS = [
@@ -108,18 +109,12 @@ async def _fire(base_url: str, model: str, k: int, tokens: int, extra: dict) -> 
     return seconds, sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_transformers_serve(dtype: str, ks: list[int], tokens: int, repeats: int):
     try:
         import fastapi  # noqa: F401
     except ImportError:
         return "not run: needs fastapi (pip install fastapi)"
-    port, path = _free_port(), resolve_model(MODEL)
+    port, path = free_port(), resolve_model(MODEL)
     cmd = ["transformers", "serve", path, "--continuous-batching", "--port", str(port)]
     cmd += ["--host", "127.0.0.1", "--dtype", dtype]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -19,8 +19,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from mcprl.scenarios import Reference, Scenario
-from mcprl.scenarios._dedupe import normalize
+from mcprl.scenarios import Reference, Scenario, normalize
 from mcprl.types import Trajectory, TrajectoryGroup
 from ruler import Judge, JudgeError
 

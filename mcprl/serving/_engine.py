@@ -15,6 +15,7 @@ computes.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 import os
@@ -27,7 +28,6 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import torch
 from transformers import DynamicCache
 
@@ -138,8 +138,8 @@ class Engine:
         return request.future
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, **kw: Any):
-        future = self.submit(prompt_ids, params, **kw)
-        return await anyio.to_thread.run_sync(future.result, abandon_on_cancel=True)
+        """Await the completions on the running asyncio loop (no thread held while waiting)."""
+        return await asyncio.wrap_future(self.submit(prompt_ids, params, **kw))
 
     def generate_blocking(self, prompt_ids: list[int], params: SamplingParams, **kw: Any):
         return self.submit(prompt_ids, params, **kw).result()

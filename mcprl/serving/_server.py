@@ -116,8 +116,7 @@ def build_app(engine: Engine, served_name: str, api_key: str | None = None) -> S
             top_logprobs=req.top_logprobs or 0,
             ignore_eos=req.ignore_eos,
         )
-        future = engine.submit(prompt, params, adapter=adapter, grammar=grammar)
-        completions = await asyncio.wrap_future(future)
+        completions = await engine.generate(prompt, params, adapter=adapter, grammar=grammar)
         return JSONResponse(chat_response(req, prompt, completions, engine.tokenizer))
 
     async def models(request: Request) -> JSONResponse:
