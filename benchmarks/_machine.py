@@ -17,3 +17,19 @@ def peak_gflops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> floa
         a @ b
         count += 1
     return 2 * n**3 * count / (time.perf_counter() - start) / 1e9
+
+
+def describe_machine() -> str:
+    """One line: CPU model, cores, and the measured fp32 / bf16 matmul peaks."""
+    import os
+    import platform
+
+    cpu = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    fp32, bf16 = peak_gflops(torch.float32, seconds=1.0), peak_gflops(torch.bfloat16, seconds=1.0)
+    return f"{cpu}, {os.cpu_count()} cores; matmul peak fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s"

@@ -2,6 +2,11 @@
 
 mcprl tools SERVER [--json]
 mcprl scenarios SERVER -n 24 -o FILE [--generator MODEL | --grounded] [--seed N]
+mcprl train SERVER [--scenarios FILE] [--steps N] ...      (see `mcprl train -h`)
+mcprl eval SERVER --model NAME[@STEP] --model ... [--scenarios FILE]
+mcprl report PROJECT/MODEL
+mcprl autorl "TASK DESCRIPTION" [--server SERVER]
+mcprl serve [--model M] [--port P]
 """
 
 from __future__ import annotations
@@ -9,11 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
+import shlex
 import shutil
+import signal
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import anyio
 
@@ -143,6 +153,314 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say(text: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(text, file=sys.stderr)
+
+
+def _slug(text: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:64]
+    return slug or "default"
+
+
+def _default_project(server: str | None) -> str:
+    from mcprl.mcp import ServerSpec
+
+    if server is None:
+        return "autorl"
+    spec = ServerSpec.parse(server)
+    return _slug(urlparse(spec.url).hostname or spec.name if spec.url else Path(spec.name).stem)
+
+
+def _run_config(args: argparse.Namespace, **overrides: Any):
+    from mcprl.rollout import RolloutConfig
+    from mcprl.train import RunConfig
+    from mcprl.training import TrainConfig
+
+    rollout = RolloutConfig(
+        max_turns=args.max_turns,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        **overrides.pop("rollout", {}),
+    )
+    fields = dict(
+        project=args.project,
+        name=args.name,
+        base_model=args.model,
+        steps=args.steps,
+        groups_per_step=args.groups_per_step,
+        rollouts_per_group=args.rollouts_per_group,
+        eval_every=args.eval_every,
+        val_attempts=args.val_attempts,
+        max_val_scenarios=args.max_val,
+        reward=args.reward,
+        judge=args.judge,
+        judge_api_base=args.judge_api_base,
+        seed=args.seed,
+        max_concurrency=args.concurrency,
+        rollout=rollout,
+        train=TrainConfig(learning_rate=args.lr, loss=args.loss, **_loss_defaults(args.loss)),
+        write_report=not args.no_report,
+    )
+    return RunConfig(**(fields | overrides))
+
+
+def _loss_defaults(loss: str) -> dict[str, Any]:
+    return {"normalization": "sequence"} if loss == "gspo" else {}
+
+
+def _train_with_ctrl_c(run: Any, prepare: Callable[[], Any]) -> Any:
+    """Prepare and run; the first Ctrl-C stops at a safe point, a second one aborts."""
+
+    async def main() -> Any:
+        failure: Exception | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT) as signals:
+                    async for _ in signals:
+                        if run._stop:
+                            raise KeyboardInterrupt
+                        _say(
+                            "stopping: a training step in progress finishes and is saved; "
+                            "Ctrl-C again to abort at once"
+                        )
+                        run.request_stop()
+
+            tg.start_soon(watch)
+            try:  # errors raised here, not out of the task group (which would wrap them)
+                await prepare()
+                summary = await run.run()
+            except Exception as exc:
+                failure = exc
+            tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return summary
+
+    return anyio.run(main)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
+
+
+def print_summary(summary: Any, again: str) -> None:
+    done = summary.last_step - summary.first_step
+    state = "stopped early" if summary.interrupted else "done"
+    print(
+        f"\n{summary.project}/{summary.name}: {state} at step {summary.last_step} of "
+        f"{summary.target_steps} ({done} step{'' if done == 1 else 's'} this run); "
+        f"reward {summary.reward}" + (f", judge {summary.judge}" if summary.judge else "")
+    )
+    keys = [
+        k
+        for k in ("success", "reward", "completed", "turns", "tool_errors")
+        if k in summary.baseline or k in summary.final
+    ]
+    if keys:
+        print(
+            f"  {'val':<13}{'step ' + str(summary.baseline_step):>12}"
+            f"{'step ' + str(summary.final_step):>12}"
+        )
+        for k in keys:
+            cells = []
+            for metrics in (summary.baseline, summary.final):
+                v = metrics.get(k)
+                pct = k in ("success", "completed")
+                cells.append("–" if v is None else (f"{v:.0%}" if pct else f"{v:.3f}"))
+            print(f"  {k:<13}{cells[0]:>12}{cells[1]:>12}")
+    if summary.times:
+        print("  time: " + ", ".join(f"{k} {_duration(v)}" for k, v in summary.times.items()))
+    print(f"  checkpoints: {summary.run_dir}/checkpoints")
+    if summary.report:
+        print(f"  report: {summary.report}")
+    if summary.interrupted or summary.last_step < summary.target_steps:
+        print(f"  resume: {again}")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
+    p.add_argument("--project", help="project directory under --path (default: from the server)")
+    p.add_argument("--name", default="agent", help="the run's name in the project")
+    p.add_argument("--path", default=".mcprl", help="where runs live (default .mcprl)")
+    p.add_argument("--steps", type=int, default=10, help="train up to this step (default 10)")
+    p.add_argument("--groups-per-step", type=int, default=4, help="scenarios per step")
+    p.add_argument("--rollouts-per-group", type=int, default=4, help="attempts per scenario")
+    p.add_argument("--max-turns", type=int, default=6, help="turns per attempt")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens per model reply")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument(
+        "--reward",
+        choices=["auto", "ruler", "reference", "both"],
+        default="auto",
+        help="auto: the references when every scenario has one (plus RULER with a configured "
+        "judge), else RULER",
+    )
+    p.add_argument(
+        "--judge",
+        help="LiteLLM model for RULER (default: $MCPRL_JUDGE, a provider "
+        "key's model, else the local base model)",
+    )
+    p.add_argument("--judge-api-base", help="OpenAI-compatible base URL for the judge")
+    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
+    p.add_argument("--loss", choices=["ppo", "gspo", "cispo"], default="ppo")
+    p.add_argument("--eval-every", type=int, default=5, help="val evaluation every k steps")
+    p.add_argument("--val-attempts", type=int, default=2, help="attempts per val scenario")
+    p.add_argument("--max-val", type=int, help="evaluate on at most this many val scenarios")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", type=int, default=8, help="attempts in flight")
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float32"],
+        default="bfloat16",
+        help="inference and training weights (LoRA weights stay float32)",
+    )
+    p.add_argument("--no-report", action="store_true", help="skip report.html at the end")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
+def _backend(args: argparse.Namespace):
+    from mcprl.backends import LocalBackend
+
+    _quiet_libraries()
+    return LocalBackend(args.path, inference_dtype=args.dtype, train_dtype=args.dtype)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mcprl.scenarios import bundled_scenarios
+    from mcprl.train import TrainingRun
+
+    args.project = args.project or _default_project(args.server)
+    config = _run_config(args)
+
+    async def make(info: ServerInfo) -> ScenarioSet:
+        bundled = bundled_scenarios(args.server)
+        generator = args.generator or configured_llm()
+        if bundled is not None and not args.generator:
+            _say(f"  using the curated scenarios for {args.server} ({bundled})")
+            return ScenarioSet.load(bundled)
+        if generator is not None:
+            _say(f"  writing {args.n} scenarios with {generator} …")
+            made = await generate_scenarios(
+                info.tools, info.resources, n=args.n, generator=generator, seed=args.seed
+            )
+        else:
+            _say(f"  no LLM configured: building {args.n} grounded scenarios on the server …")
+            made = await grounded_scenarios(args.server, n=args.n, seed=args.seed, info=info)
+        return made.with_split(0.25, seed=args.seed)
+
+    with _backend(args) as backend:
+        run = TrainingRun(config, args.server, backend, say=_say, progress=not args.quiet)
+        summary = _train_with_ctrl_c(run, lambda: run.prepare(args.scenarios, make_scenarios=make))
+    print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    return 0
+
+
+def cmd_autorl(args: argparse.Namespace) -> int:
+    from mcprl.autorl import autorl_rubric, write_task_set
+    from mcprl.rollout import DEFAULT_SYSTEM_PROMPT
+    from mcprl.train import TrainingRun
+
+    args.project = args.project or _default_project(args.server)
+    if args.server is None:
+        args.max_turns = 1  # one reply per input
+    generator = args.generator or configured_llm()
+    with _backend(args) as backend:
+        config = _run_config(args, reward="ruler", rubric=autorl_rubric(args.task))
+        run = TrainingRun(config, args.server, backend, say=_say, progress=not args.quiet)
+
+        async def prepare() -> None:
+            stored = run.run_dir / "scenarios.jsonl"
+            if not stored.is_file():
+                run.model.register(backend)  # the local model may be the writer
+                written = await write_task_set(
+                    args.task,
+                    n=args.n,
+                    generator=generator,
+                    backend=backend,
+                    base_model=args.model,
+                    seed=args.seed,
+                    say=_say,
+                )
+                written.save_to(run.run_dir)
+            prompt = (run.run_dir / "system_prompt.txt").read_text(encoding="utf-8")
+            if args.server is not None:  # the agent loop's rules for tools come after the task's
+                prompt = f"{prompt.strip()}\n\n{DEFAULT_SYSTEM_PROMPT}"
+            run.config.rollout.system_prompt = prompt
+            await run.prepare()
+
+        summary = _train_with_ctrl_c(run, prepare)
+    print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mcprl.evaluate import eval_scenarios, evaluate_models, format_table, open_models, save_eval
+    from mcprl.rollout import RolloutConfig
+    from ruler import Judge
+
+    _quiet_libraries()
+    project = args.project or _default_project(args.server)
+    scenarios = eval_scenarios(
+        args.scenarios, args.server, Path(args.path) / project, args.models, split=args.split
+    )
+    config = RolloutConfig(
+        max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=args.temperature
+    )
+    _say(f"evaluating {len(args.models)} model(s) on {len(scenarios)} scenarios …")
+    with open_models(
+        args.models,
+        path=Path(args.path) / project,
+        base_model=args.base_model,
+        api_base=args.api_base,
+    ) as (models, base_url):
+        judge = None
+        if args.judge:
+            local = args.judge == "local"
+            judge = Judge(
+                f"openai/{args.base_model}" if local else args.judge,
+                api_base=base_url if local else args.judge_api_base,
+                temperature=0.0,
+            )
+        rows, groups = anyio.run(
+            lambda: evaluate_models(
+                models,
+                scenarios,
+                args.server,
+                config,
+                attempts=args.attempts,
+                seed=args.seed,
+                judge=judge,
+                max_concurrency=args.concurrency,
+                progress=not args.quiet,
+            )
+        )
+    table = format_table(rows)
+    out = save_eval(
+        Path(args.output) if args.output else Path(args.path) / project / "evals",
+        rows,
+        groups,
+        table,
+    )
+    print(table)
+    print(f"\nsaved to {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mcprl.report import write_report
+
+    target = Path(args.run)
+    if not (target / "model.json").is_file():
+        target = Path(args.path) / args.run
+    out = write_report(target)
+    print(f"wrote {out}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mcprl",
@@ -174,6 +492,71 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=30.0, help="start-up time-out in seconds")
     s.set_defaults(func=cmd_scenarios)
 
+    tr = sub.add_parser("train", help="train a model to use a server's tools (resumes a run)")
+    tr.add_argument("server", help=SERVER_HELP)
+    tr.add_argument(
+        "--scenarios",
+        help="JSONL scenario file (default: the run's, the curated "
+        "set of an example server, or generated)",
+    )
+    tr.add_argument("-n", type=int, default=24, help="scenarios to generate (default 24)")
+    tr.add_argument("--generator", help="LiteLLM model that writes scenarios")
+    _add_run_options(tr)
+    tr.set_defaults(func=cmd_train)
+
+    au = sub.add_parser("autorl", help="train from nothing but a task description")
+    au.add_argument("task", help="what the model should learn to do, in words")
+    au.add_argument("--server", help="optional: " + SERVER_HELP)
+    au.add_argument("-n", type=int, default=24, help="inputs to write (default 24)")
+    au.add_argument(
+        "--generator",
+        help="LiteLLM model that writes the inputs and system "
+        "prompt (default: a configured provider, else the local model)",
+    )
+    _add_run_options(au)
+    au.set_defaults(func=cmd_autorl)
+
+    ev = sub.add_parser("eval", help="evaluate models side by side on a scenario set")
+    ev.add_argument("server", help=SERVER_HELP)
+    ev.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        required=True,
+        metavar="NAME[@STEP]",
+        help="a run in the project (latest step unless "
+        "@STEP), 'base' for the base model, or a LiteLLM model string; repeat",
+    )
+    ev.add_argument(
+        "--scenarios",
+        help="JSONL file (default: the first run's, or the curated set of an example server)",
+    )
+    ev.add_argument("--split", choices=["val", "train", "all"], default="val")
+    ev.add_argument("--project", help="project of the runs (default: from the server)")
+    ev.add_argument("--path", default=".mcprl")
+    ev.add_argument("--base-model", default="smollm2-135m")
+    ev.add_argument("--api-base", help="base URL for LiteLLM models (e.g. a vLLM server)")
+    ev.add_argument("--attempts", type=int, default=1, help="attempts per scenario and model")
+    ev.add_argument(
+        "--judge",
+        help="also rank the models' attempts with RULER: a LiteLLM "
+        "model, or 'local' for the local base model",
+    )
+    ev.add_argument("--judge-api-base")
+    ev.add_argument("--max-turns", type=int, default=6)
+    ev.add_argument("--max-tokens", type=int, default=256)
+    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--concurrency", type=int, default=8)
+    ev.add_argument("--output", help="directory for the results (default PROJECT/evals)")
+    ev.add_argument("-q", "--quiet", action="store_true")
+    ev.set_defaults(func=cmd_eval)
+
+    rp = sub.add_parser("report", help="write report.html and plots for a run")
+    rp.add_argument("run", help="PROJECT/MODEL under --path, or a run directory")
+    rp.add_argument("--path", default=".mcprl")
+    rp.set_defaults(func=cmd_report)
+
     v = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible endpoint")
     v.add_argument("--model", default="smollm2-135m", help="smollm2-135m, a model dir or hub id")
     v.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -187,6 +570,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_libraries() -> None:
+    """Loading bars and deprecation notes from transformers say nothing to a user of mcprl."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\.")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
@@ -197,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("mcp.client.stdio").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
-    except (MCPRLError, RulerError, ValueError) as exc:
+    except (MCPRLError, RulerError, ValueError, OSError) as exc:
         print(f"mcprl: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

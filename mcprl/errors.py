@@ -7,7 +7,8 @@ MCPRLError
 │   └── MCPServerStartError    the server did not start: bad command, exited, hung, junk on stdout
 ├── MCPServerError             the server answered, but not usably (no tools, a protocol error)
 ├── ScenarioFileError          a scenario file has a bad line (ValueError)
-└── ScenarioGenerationError    could not produce the scenarios asked for
+├── ScenarioGenerationError    could not produce the scenarios asked for
+└── PreflightError             a training run cannot start: what is missing and how to fix it
 ```
 
 Dependencies' errors are converted where they are caught, with `raise ... from exc`, so the cause
@@ -21,6 +22,7 @@ __all__ = [
     "MCPRLError",
     "MCPServerError",
     "MCPServerStartError",
+    "PreflightError",
     "ScenarioFileError",
     "ScenarioGenerationError",
     "ServerSpecError",
@@ -60,3 +62,7 @@ class ScenarioFileError(MCPRLError, ValueError):
 
 class ScenarioGenerationError(MCPRLError):
     """Scenario generation could not produce what was asked within its budget of tries."""
+
+
+class PreflightError(MCPRLError):
+    """A check before a training run failed (judge silent, scenarios unusable, ...)."""

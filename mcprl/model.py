@@ -2,6 +2,8 @@
 
 - `Model`: any OpenAI-compatible endpoint (base URL, key, model name): a hosted baseline, a vLLM
   server, or `mcprl serve`.
+- `LiteLLMModel`: any LiteLLM model string ("anthropic/...", "openai/...", "ollama/..."), for
+  baselines in `mcprl eval`; its client speaks the OpenAI SDK's shape through LiteLLM.
 - `TrainableModel(name, project, base_model)`: the model being trained. Register it with a
   backend; the backend serves its latest checkpoint as `name@step`.
 """
@@ -16,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
 
-__all__ = ["Endpoint", "Model", "TrainableModel"]
+__all__ = ["Endpoint", "LiteLLMModel", "Model", "TrainableModel"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -46,6 +48,49 @@ class Model(BaseModel):
 
         kwargs.setdefault("max_retries", 2)
         return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
+class LiteLLMModel(BaseModel):
+    """A model reached through LiteLLM (any provider); its attempts are for evaluation only."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str = Field(description='a LiteLLM model string, e.g. "openai/gpt-4.1-mini"')
+    api_base: str | None = None
+    api_key: str | None = None
+
+    @property
+    def served_name(self) -> str:
+        return self.name
+
+    def openai_client(self, **kwargs: Any) -> _LiteLLMClient:
+        return _LiteLLMClient(self)
+
+
+class _LiteLLMClient:
+    """`client.chat.completions.create(...)` answered by `litellm.acompletion`."""
+
+    def __init__(self, model: LiteLLMModel) -> None:
+        self.model = model
+        self.chat = self.completions = self
+
+    async def create(self, **kwargs: Any) -> Any:
+        from ruler._llm import litellm_acompletion
+
+        kwargs.pop("extra_body", None)  # mcprl-server options mean nothing to providers
+        kwargs["model"] = self.model.name
+        for key in ("api_base", "api_key"):
+            if getattr(self.model, key):
+                kwargs[key] = getattr(self.model, key)
+        return await litellm_acompletion(**kwargs)
+
+    async def close(self) -> None:
+        return None
+
+    async def __aenter__(self) -> _LiteLLMClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 class TrainableModel(BaseModel):

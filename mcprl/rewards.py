@@ -126,6 +126,7 @@ def scorer(
     judge: Judge | None = None,
     reference_weight: float = 1.0,
     ruler_weight: float = 0.0,
+    calls_weight: float = 0.0,
     drop_failed_groups: bool = False,
 ) -> Callable[[TrajectoryGroup], Any]:
     """An `after_each` callback for `gather_groups` that sets rewards (see module docstring)."""
@@ -138,11 +139,16 @@ def scorer(
         if not group.trajectories:
             return group
         scenario = scenarios.get(group.scenario_id or "")
+        if reference_weight <= 0 and len(group.trajectories) < 2:
+            logger.info("dropping the group of %r: RULER needs 2+ attempts", group.scenario_id)
+            return None
         ref_scores = None
         if reference_weight > 0:
             if scenario is None or scenario.reference is None:
                 raise ValueError(f"no reference for scenario {group.scenario_id!r}")
-            ref_scores = [reference_reward(t, scenario) for t in group.trajectories]
+            ref_scores = [
+                reference_reward(t, scenario, calls_weight=calls_weight) for t in group.trajectories
+            ]
         ruler_scores = None
         if ruler_weight > 0 and len(group.trajectories) >= 2:
             try:

@@ -121,12 +121,15 @@ async def rollout(
 ) -> Trajectory:
     """One attempt at `scenario` by `model` (a `Model` or `TrainableModel`) on `server`.
 
+    With `server=None` the attempt is a single reply to the task, without tools (AutoRL).
     Pass `client` to share one OpenAI client across attempts; otherwise one is made and closed.
     """
     if client is None:
         async with model.openai_client() as own:
             return await rollout(model, scenario, server, config, client=own)
     config = config or RolloutConfig()
+    if server is None:
+        return await _single_turn(model, scenario, config, client)
     served = model.served_name
     started = time.perf_counter()
     traj = Trajectory(metadata={"scenario_id": scenario.id, "model": served})
@@ -141,7 +144,7 @@ async def rollout(
         by_name = {t.name: t for t in mcp_tools}
         traj.tools = [*openai_tools(mcp_tools), _COMPLETE_TASK_TOOL]
         traj.messages = [
-            {"role": "system", "content": config.system_prompt.format(max_turns=config.max_turns)},
+            {"role": "system", "content": _system_prompt(config)},
             {"role": "user", "content": f"Please complete this task: {scenario.task}"},
         ]
         traj.timings["setup_s"] = time.perf_counter() - started
@@ -200,17 +203,41 @@ async def rollout(
     return traj
 
 
+def _system_prompt(config: RolloutConfig) -> str:
+    # replace, not format: a written prompt may hold braces of its own
+    return config.system_prompt.replace("{max_turns}", str(config.max_turns))
+
+
+async def _single_turn(model: Any, scenario: Scenario, config: RolloutConfig, client: Any):
+    started = time.perf_counter()
+    traj = Trajectory(metadata={"scenario_id": scenario.id, "model": model.served_name})
+    traj.messages = [{"role": "user", "content": scenario.task}]
+    if config.system_prompt:
+        traj.messages.insert(0, {"role": "system", "content": _system_prompt(config)})
+    response = await _complete(client, model.served_name, traj, config, 0)
+    if response is None:
+        traj.metrics = {"turns": 0.0, "hit_context_limit": 1.0}
+    else:
+        choice = response.choices[0]
+        traj.messages.append(_assistant_message(choice.message))
+        traj.choices.append(_choice_record(choice, len(traj.messages) - 1))
+        traj.metrics = {"turns": 1.0, "completed": float(choice.finish_reason == "stop")}
+    traj.timings["generate_s"] = traj.metrics["duration_s"] = time.perf_counter() - started
+    traj.metrics["trainable"] = float(traj.trainable)
+    return traj
+
+
 async def _complete(client: Any, served: str, traj: Trajectory, config: RolloutConfig, turn: int):
     import openai
 
     kwargs: dict[str, Any] = {
         "model": served,
         "messages": traj.messages,
-        "tools": traj.tools,
-        "tool_choice": config.tool_choice,
         "temperature": config.temperature,
         "max_tokens": config.max_tokens,
     }
+    if traj.tools:
+        kwargs.update(tools=traj.tools, tool_choice=config.tool_choice)
     if config.seed is not None:
         kwargs["seed"] = config.seed + turn
     if config.extra_body:

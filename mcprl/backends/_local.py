@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,35 +115,64 @@ class LocalBackend:
         model: TrainableModel,
         groups: list[TrajectoryGroup],
         config: TrainConfig | None = None,
+        *,
+        metrics: dict[str, float] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> TrainResult:
+        """One step: train on `groups`, checkpoint, serve `name@step`, append a history row.
+
+        `metrics` (already prefixed, e.g. `time/rollout_s`) join the row. Cancelling the caller
+        (Ctrl-C) lets a started step finish and record itself: it is never left half-done.
+        """
         config = config or TrainConfig()
         run = self._run(model)
         step = run.step + 1
-        run.store.write_trajectories("train", step, groups)  # nothing is lost
         engine = self._server.engine
 
         def work() -> dict[str, float]:
             with engine.paused():
                 logger.info("training step %d of %s", step, run.served)
-                metrics = run.trainer.step(groups, config)
+                out = run.trainer.step(groups, config, on_progress)
                 started = time.perf_counter()
-                run.store.write_checkpoint(step, run.trainer.save, {"metrics": metrics})
-                metrics["time_checkpoint_s"] = time.perf_counter() - started
-                return metrics
+                run.store.write_checkpoint(step, run.trainer.save, {"metrics": out})
+                out["time_checkpoint_s"] = time.perf_counter() - started
+                return out
 
-        metrics = await anyio.to_thread.run_sync(work)
-        previous = run.served
-        engine.load_adapter(f"{model.name}@{step}", str(run.store.checkpoint_path(step)))
-        run.step = step
-        engine.unload_adapter(previous)
-        run.store.append_history({"step": step, **{f"train/{k}": v for k, v in metrics.items()}})
-        return TrainResult(step=step, metrics=metrics)
+        with anyio.CancelScope(shield=True):
+            run.store.write_trajectories("train", step, groups)  # nothing is lost
+            result = await anyio.to_thread.run_sync(work)
+            previous = run.served
+            engine.load_adapter(f"{model.name}@{step}", str(run.store.checkpoint_path(step)))
+            run.step = step
+            engine.unload_adapter(previous)
+            row = {f"train/{k}": v for k, v in result.items()}
+            run.store.append_history({"step": step, **row, **(metrics or {})})
+        return TrainResult(step=step, metrics=result)
 
-    def log(self, model: TrainableModel, metrics: dict[str, float], split: str = "val") -> None:
-        """Record evaluation metrics for the current step in history.jsonl."""
+    def log(
+        self,
+        model: TrainableModel,
+        metrics: dict[str, float],
+        split: str = "val",
+        groups: list[TrajectoryGroup] | None = None,
+    ) -> None:
+        """Record evaluation metrics (and their trajectories) for the current step."""
         run = self._run(model)
+        if groups is not None:
+            run.store.write_trajectories(split, run.step, groups)
         row = {f"{split}/{k}": v for k, v in metrics.items()}
         run.store.append_history({"step": run.step, **row})
+
+    def store(self, model: TrainableModel) -> RunStore:
+        """Where the run's files live (checkpoints, history, trajectories)."""
+        return self._run(model).store
+
+    @property
+    def base_url(self) -> str:
+        """The local endpoint; it serves the base model under its own name, too."""
+        if self._server is None:
+            raise RuntimeError("no model is registered with this backend yet")
+        return self._server.base_url
 
     def list_checkpoints(self, model: TrainableModel) -> list[int]:
         return self._run(model).store.steps()

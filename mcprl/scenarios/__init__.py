@@ -10,7 +10,13 @@ from __future__ import annotations
 from mcprl.scenarios._dedupe import Deduper, normalize
 from mcprl.scenarios._grounded import grounded_scenarios
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
-from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
+from mcprl.scenarios._types import (
+    Reference,
+    ReferenceCall,
+    Scenario,
+    ScenarioSet,
+    bundled_scenarios,
+)
 
 __all__ = [
     "SCENARIOS_SCHEMA",
@@ -19,6 +25,7 @@ __all__ = [
     "ReferenceCall",
     "Scenario",
     "ScenarioSet",
+    "bundled_scenarios",
     "generate_scenarios",
     "grounded_scenarios",
     "normalize",

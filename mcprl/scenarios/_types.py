@@ -179,3 +179,15 @@ def _describe(exc: ValidationError) -> str:
     shown = "" if isinstance(value, dict) else f" (got {json.dumps(value, default=str)[:60]})"
     more = f" and {len(exc.errors()) - 1} more problem(s)" if len(exc.errors()) > 1 else ""
     return f"{where}: {first['msg']}{shown}{more}"
+
+
+def bundled_scenarios(server: str) -> Path | None:
+    """The curated scenario file shipped for an `example:NAME` server, if there is one."""
+    if not isinstance(server, str) or not server.startswith("example:"):
+        return None
+    name = server.removeprefix("example:")
+    here = Path(__file__).resolve().parent.parent
+    for root in (here / "_examples" / "scenarios", here.parent / "scenarios"):
+        if (root / f"{name}.jsonl").is_file():
+            return root / f"{name}.jsonl"
+    return None

@@ -50,13 +50,31 @@ def format_call(name: str, arguments: Any) -> str:
     return f"{TOOL_CALL_BEGIN}\n{payload}\n{TOOL_CALL_END}"
 
 
+def _compact(schema: Any) -> Any:
+    """A JSON schema without its `title`s: generated noise (\"addArguments\") that costs tokens."""
+    if isinstance(schema, dict):
+        return {
+            k: (_compact(v) if k != "properties" else {p: _compact(s) for p, s in v.items()})
+            for k, v in schema.items()
+            if k != "title"
+        }
+    if isinstance(schema, list):
+        return [_compact(v) for v in schema]
+    return schema
+
+
+def _tool_line(tool: dict[str, Any]) -> str:
+    fn = dict(tool.get("function", tool))
+    if "parameters" in fn:
+        fn["parameters"] = _compact(fn["parameters"])
+    return json.dumps(fn, ensure_ascii=False)
+
+
 def _hermes_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -> list[dict]:
     """Rewrite OpenAI tool messages into plain roles the template understands."""
     out: list[dict[str, Any]] = []
     if tools:
-        block = _HERMES.format(
-            tools="\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-        )
+        block = _HERMES.format(tools="\n".join(_tool_line(t) for t in tools))
         if messages and messages[0]["role"] in ("system", "developer"):
             first = dict(messages[0], role="system")
             first["content"] = f"{first.get('content') or ''}\n\n{block}".strip()

@@ -33,6 +33,7 @@ from transformers import DynamicCache
 
 from mcprl.serving._grammar import GrammarFactory, apply_bitmask
 from mcprl.serving._models import LoadedModel
+from mcprl.serving._prefix import PrefixCache
 
 __all__ = ["Completion", "Engine", "SamplingParams"]
 
@@ -94,7 +95,12 @@ class Engine:
     """
 
     def __init__(
-        self, loaded: LoadedModel, *, max_batch_size: int = 32, batch_wait_s: float = 0.01
+        self,
+        loaded: LoadedModel,
+        *,
+        max_batch_size: int = 32,
+        batch_wait_s: float = 0.01,
+        prefix_cache: bool = True,
     ):
         self.loaded = loaded
         self.model = loaded.model
@@ -114,6 +120,8 @@ class Engine:
         self._pending: deque[_Request] = deque()
         self._closed = False
         self.stats = {"waves": 0, "rows": 0, "tokens": 0}
+        use_prefix = prefix_cache and os.environ.get("MCPRL_PREFIX_CACHE", "1") != "0"
+        self.prefix_cache = PrefixCache() if use_prefix else None
         threads = int(os.environ.get("MCPRL_TORCH_THREADS", "0")) or torch.get_num_threads()
         torch.set_num_threads(threads)
         self._worker = threading.Thread(target=self._run, name="mcprl-engine", daemon=True)
@@ -164,12 +172,16 @@ class Engine:
                 self._peft.load_adapter(path, adapter_name=name, is_trainable=False)
             self._peft.eval()
             self.adapters[name] = path
+            if self.prefix_cache is not None:
+                self.prefix_cache.drop(name)
 
     def unload_adapter(self, name: str) -> None:
         with self._model_lock:
             if name not in self.adapters:
                 raise KeyError(name)
             del self.adapters[name]
+            if self.prefix_cache is not None:
+                self.prefix_cache.drop(name)
             if self.adapters:
                 if name in self._peft.active_adapters:
                     self._peft.set_adapter(next(iter(self.adapters)))
@@ -247,25 +259,39 @@ class Engine:
         self.stats["rows"] += len(rows)
         model, context = self._forward(batch[0].adapter)
         with context:
-            self._decode(model, rows)
+            self._decode(model, rows, batch[0].adapter)
 
     def _matcher(self, request: _Request) -> Any:
         return None if request.grammar is None else self.grammars.matcher(request.grammar)
 
-    def _decode(self, model: Any, rows: list[_Row]) -> None:
-        width = max(len(r.request.prompt_ids) for r in rows)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.tensor(
-            [[pad] * (width - len(r.request.prompt_ids)) + r.request.prompt_ids for r in rows]
-        )
-        mask = torch.tensor(
-            [
-                [0] * (width - len(r.request.prompt_ids)) + [1] * len(r.request.prompt_ids)
-                for r in rows
-            ]
-        )
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    def _prefix_kv(self, model: Any, ids: list[int]) -> Any:
         cache = DynamicCache()
+        model(
+            input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def _prefill(self, model: Any, rows: list[_Row], adapter: str | None):
+        """Run the prompts (left-padded) from the longest cached shared prefix on."""
+        prompts = [r.request.prompt_ids for r in rows]
+        start, kv = 0, None
+        if self.prefix_cache is not None:
+            start, kv = self.prefix_cache.lookup(
+                adapter, prompts, lambda ids: self._prefix_kv(model, ids)
+            )
+        cache = DynamicCache()
+        for i, (keys, values) in enumerate(kv or []):
+            cache.update(
+                keys.expand(len(rows), -1, -1, -1), values.expand(len(rows), -1, -1, -1), i
+            )
+        width = max(len(p) - start for p in prompts)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad] * (width - len(p) + start) + p[start:] for p in prompts])
+        tail = torch.tensor(
+            [[0] * (width - len(p) + start) + [1] * (len(p) - start) for p in prompts]
+        )
+        mask = torch.cat([torch.ones(len(rows), start, dtype=tail.dtype), tail], dim=1)
+        positions = start + (tail.cumsum(-1) - 1).clamp(min=0)
         out = model(
             input_ids=ids,
             attention_mask=mask,
@@ -274,6 +300,10 @@ class Engine:
             use_cache=True,
             logits_to_keep=1,
         )
+        return out, cache, mask, positions
+
+    def _decode(self, model: Any, rows: list[_Row], adapter: str | None = None) -> None:
+        out, cache, mask, positions = self._prefill(model, rows, adapter)
         active = list(range(len(rows)))
         while active:
             logits = out.logits[:, -1, :].float()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,13 @@ class LoraTrainer:
 
     # -- one step ------------------------------------------------------------------------------
 
-    def step(self, groups: list[TrajectoryGroup], config: TrainConfig) -> dict[str, float]:
+    def step(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, float]:
+        """One GRPO update from `groups`; `on_progress(done, total)` after each micro-batch."""
         started = time.perf_counter()
         sequences, stats = build_sequences(groups, scale_rewards=config.scale_rewards)
         metrics = _reward_metrics(stats)
@@ -90,10 +97,13 @@ class LoraTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "abs_logprob_drift": 0.0}
-        for batch in micro_batches(sequences, config.token_budget, self.pad_id):
+        batches = micro_batches(sequences, config.token_budget, self.pad_id)
+        for i, batch in enumerate(batches):
             parts = self._micro_step(batch, loss_fn, norm, config.beta)
             for k, v in parts.items():
                 totals[k] += v
+            if on_progress is not None:
+                on_progress(i + 1, len(batches))
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.params, config.max_grad_norm if config.max_grad_norm else math.inf
         )

@@ -1,0 +1,259 @@
+"""A run's metrics history as PNG plots and one HTML page.
+
+    path = write_report(".mcprl/calc/agent")     # -> .mcprl/calc/agent/report.html
+
+Reads what the run wrote (`history.jsonl`, `model.json`, `trajectories/`) and writes, next to it:
+`val.png` (val reward and success over steps), `train_reward.png` (train reward mean and spread),
+`scores.png` (distribution of judge scores, or rewards when no judge ran), `behaviour.png` (turns
+and tool errors per step), `time.png` (wall time per phase per step), and `report.html` with the
+plots, a summary table, and the best and worst attempts of the latest step.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from mcprl.types import Trajectory, read_groups
+
+__all__ = ["write_report"]
+
+_PHASES = [
+    ("time/rollout_s", "rollouts"),
+    ("time/judge_s", "judging"),
+    ("train/time_train_s", "training"),
+    ("train/time_checkpoint_s", "checkpoint"),
+]
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "history.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key`, the last value per step winning (a resumed run may repeat)."""
+    by_step = {r["step"]: r[key] for r in rows if key in r and r[key] is not None}
+    steps = sorted(by_step)
+    return steps, [float(by_step[s]) for s in steps]
+
+
+def _trajectory_files(run_dir: Path, split: str) -> list[Path]:
+    return sorted((run_dir / "trajectories" / split).glob("*.jsonl"))
+
+
+def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    made: list[tuple[str, str]] = []
+
+    def save(fig, name: str, caption: str) -> None:
+        for ax in fig.axes:
+            if ax.get_xlabel() == "step":
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.tight_layout()
+        fig.savefig(run_dir / name, dpi=100)
+        plt.close(fig)
+        made.append((name, caption))
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for key, label in (("val/reward", "reward"), ("val/success", "success")):
+        steps, values = _series(rows, key)
+        if steps:
+            ax.plot(steps, values, marker="o", label=label)
+    ax.set(xlabel="step", ylabel="val", ylim=(-0.05, 1.05), title="Validation")
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    save(fig, "val.png", "Val reward and success rate over steps (step 0 is the base model).")
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    steps, mean = _series(rows, "train/reward_mean")
+    _, std = _series(rows, "train/reward_std")
+    if steps:
+        ax.plot(steps, mean, marker="o", label="mean")
+        if len(std) == len(mean):
+            ax.fill_between(
+                steps,
+                [m - s for m, s in zip(mean, std, strict=False)],
+                [m + s for m, s in zip(mean, std, strict=False)],
+                alpha=0.25,
+                label="± std",
+            )
+        ax.legend(loc="best")
+    ax.set(xlabel="step", ylabel="reward", title="Training reward")
+    ax.grid(alpha=0.3)
+    save(fig, "train_reward.png", "Reward of the training attempts: mean and spread per step.")
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    files = _trajectory_files(run_dir, "train")
+    label = "judge score"
+    for path in [files[0], files[-1]] if len(files) > 1 else files:
+        trajs = [t for g in read_groups(path) for t in g.trajectories]
+        scores = [t.metrics["reward_ruler"] for t in trajs if "reward_ruler" in t.metrics]
+        if not scores:
+            scores, label = [t.reward for t in trajs if t.reward is not None], "reward"
+        ax.hist(scores, bins=10, range=(0, 1), alpha=0.55, label=f"step {int(path.stem)}")
+    if files:
+        ax.legend(loc="best")
+    ax.set(xlabel=label, ylabel="attempts", title=f"Distribution of {label}s")
+    save(fig, "scores.png", f"Distribution of {label}s, first and latest training step.")
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for key, name in (("train/turns", "turns"), ("train/tool_errors", "tool errors")):
+        steps, values = _series(rows, key)
+        if steps:
+            ax.plot(steps, values, marker="o", label=f"{name} per attempt")
+    ax.set(xlabel="step", title="Agent behaviour (training attempts)")
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    save(fig, "behaviour.png", "Turns and tool errors per attempt, per training step.")
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    bottom: dict[int, float] = {}
+    for key, name in _PHASES:
+        steps, values = _series(rows, key)
+        if steps:
+            ax.bar(steps, values, bottom=[bottom.get(s, 0.0) for s in steps], label=name)
+            for s, v in zip(steps, values, strict=False):
+                bottom[s] = bottom.get(s, 0.0) + v
+    ax.set(xlabel="step", ylabel="seconds", title="Wall time per phase")
+    if bottom:
+        ax.legend(loc="best")
+    save(fig, "time.png", "Where each step's time went.")
+    return made
+
+
+def _fmt(value: Any, key: str = "") -> str:
+    if isinstance(value, float) and key in ("success", "completed") and not math.isnan(value):
+        return f"{value:.0%}"
+    if isinstance(value, float):
+        return "–" if math.isnan(value) else f"{value:.3f}"
+    return html.escape(str(value))
+
+
+def _summary_table(rows: list[dict[str, Any]]) -> str:
+    vals = [r for r in rows if "val/attempts" in r]
+    if not vals:
+        return "<p>No evaluation yet.</p>"
+    first, last = vals[0], vals[-1]
+    keys = ["success", "reward", "completed", "turns", "tool_errors", "reward_ruler", "attempts"]
+    head = f"<tr><th>val</th><th>step {first['step']}</th><th>step {last['step']}</th></tr>"
+    body = "".join(
+        f"<tr><td>{k}</td><td>{_fmt(first.get('val/' + k), k)}</td>"
+        f"<td>{_fmt(last.get('val/' + k), k)}</td></tr>"
+        for k in keys
+        if f"val/{k}" in first or f"val/{k}" in last
+    )
+    return f"<table>{head}{body}</table>"
+
+
+def _clip(text: str, limit: int = 1500) -> str:
+    return text if len(text) <= limit else text[:limit] + f" … [{len(text) - limit} more chars]"
+
+
+def _render(t: Trajectory) -> str:
+    parts = []
+    for m in t.messages:
+        role = m.get("role", "?")
+        body = html.escape(_clip(str(m.get("content") or "")))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", {})
+            body += (
+                f'<div class="call">→ {html.escape(fn.get("name", "?"))}'
+                f"({html.escape(_clip(fn.get('arguments') or '', 400))})</div>"
+            )
+        block = f'<div class="msg {html.escape(role)}"><b>{role}</b><pre>{body}</pre></div>'
+        if role == "system":  # the same long text in every attempt: folded
+            block = f"<details><summary>system prompt</summary>{block}</details>"
+        parts.append(block)
+    shown = ("success", "completed", "turns", "tool_errors", "reward_reference", "reward_ruler")
+    metrics = ", ".join(f"{k} {_fmt(t.metrics[k], k)}" for k in shown if k in t.metrics)
+    reward = _fmt(t.reward) if t.reward is not None else "–"
+    return (
+        f'<div class="traj"><p><b>reward {reward}</b> · scenario '
+        f"{html.escape(str(t.metadata.get('scenario_id')))} · {html.escape(metrics)}</p>"
+        + "".join(parts)
+        + "</div>"
+    )
+
+
+def _best_and_worst(run_dir: Path) -> tuple[int | None, list[Trajectory], list[Trajectory]]:
+    files = _trajectory_files(run_dir, "train")
+    if not files:
+        return None, [], []
+    trajs = [t for g in read_groups(files[-1]) for t in g.trajectories if t.reward is not None]
+    ranked = sorted(trajs, key=lambda t: t.reward, reverse=True)
+    k = min(2, len(ranked) // 2) or len(ranked)
+    return int(files[-1].stem), ranked[:k], ranked[::-1][:k] if len(ranked) > 1 else []
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{margin-bottom:0}.sub{color:#666;margin-top:.3em}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .8em}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:1em}
+figure{margin:0}figure img{width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.9em}
+.cols{display:grid;grid-template-columns:1fr 1fr;gap:1.5em}
+.traj{border:1px solid #ddd;border-radius:6px;padding:.5em;margin-bottom:1em;font-size:.85em}
+.msg{margin:.3em 0;padding:.3em .5em;border-radius:4px}.msg pre{white-space:pre-wrap;margin:.2em 0}
+.system{background:#f3f3f3}.user{background:#e8f0fe}.assistant{background:#e6f4ea}
+.tool{background:#fef7e0}.call{font-family:monospace;color:#1a5e20}
+"""
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write the plots and `report.html` into `run_dir`; return the HTML's path."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "model.json").is_file():
+        raise FileNotFoundError(
+            f"{run_dir} is not a training run (no model.json); give PROJECT/MODEL under .mcprl "
+            "or the run's directory"
+        )
+    info = json.loads((run_dir / "model.json").read_text(encoding="utf-8"))
+    rows = _rows(run_dir)
+    plots = _plots(run_dir, rows)
+    step, best, worst = _best_and_worst(run_dir)
+    steps = [r["step"] for r in rows]
+    figures = "".join(
+        f'<figure><img src="{name}" alt="{html.escape(caption)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        for name, caption in plots
+    )
+    trajectories = (
+        f"<h2>Attempts at step {step}</h2><div class='cols'><div><h3>Best</h3>"
+        + "".join(map(_render, best))
+        + "</div><div><h3>Worst</h3>"
+        + "".join(map(_render, worst))
+        + "</div></div>"
+        if step is not None
+        else "<p>No training step yet.</p>"
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8">
+<title>mcprl report: {html.escape(run_dir.parent.name)}/{html.escape(run_dir.name)}</title>
+<style>{_CSS}</style></head><body>
+<h1>{html.escape(run_dir.parent.name)}/{html.escape(run_dir.name)}</h1>
+<p class="sub">base model {html.escape(str(info.get("base_model")))} · steps
+{min(steps, default=0)}–{max(steps, default=0)} · written {datetime.now():%Y-%m-%d %H:%M}</p>
+<h2>Validation: first and latest evaluation</h2>{_summary_table(rows)}
+<div class="plots">{figures}</div>
+{trajectories}
+</body></html>"""
+    out = run_dir / "report.html"
+    out.write_text(page, encoding="utf-8")
+    return out

@@ -1,0 +1,77 @@
+"""Shared-prefix KV cache: compute the attention keys and values of a common prompt prefix once.
+
+Agent prompts repeat a long head at every turn of every attempt: the system prompt with the tool
+descriptions (about a thousand tokens for the calculator) and often the task. The engine prefills
+a wave of requests by reusing the cached keys and values of the longest prefix all rows share, and
+runs the model only on what follows it. Entries are kept per adapter (the LoRA changes keys and
+values), least recently used first out.
+
+A new entry is made when the rows of a wave share at least `min_tokens` and no cached entry comes
+within `slack` tokens of that; a single-row wave only reuses entries.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["PrefixCache", "common_prefix_length"]
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, batch 1: (keys, values)
+
+
+def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens all prompts share, leaving each at least one token to run through the model."""
+    limit = min(len(p) for p in prompts) - 1
+    first = prompts[0]
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts[1:]):
+        n += 1
+    return max(n, 0)
+
+
+class PrefixCache:
+    def __init__(self, max_entries: int = 6, min_tokens: int = 64, slack: int = 48) -> None:
+        self.max_entries, self.min_tokens, self.slack = max_entries, min_tokens, slack
+        self.entries: OrderedDict[tuple[str | None, tuple[int, ...]], KV] = OrderedDict()
+        # saved_tokens: prompt tokens not run through the model thanks to the cache
+        self.stats = {"hits": 0, "builds": 0, "saved_tokens": 0}
+
+    def lookup(
+        self,
+        adapter: str | None,
+        prompts: Sequence[Sequence[int]],
+        build: Callable[[list[int]], KV],
+    ) -> tuple[int, KV | None]:
+        """(prefix length, its keys and values) to start these prompts from; (0, None) if none."""
+        shared = common_prefix_length(prompts)
+        head = prompts[0]
+        best: tuple[int, ...] | None = None
+        for key_adapter, ids in self.entries:
+            fits = key_adapter == adapter and len(ids) <= shared
+            if fits and (best is None or len(ids) > len(best)) and tuple(head[: len(ids)]) == ids:
+                best = ids
+        if best is not None and (len(best) + self.slack >= shared or len(prompts) == 1):
+            self.entries.move_to_end((adapter, best))
+            self.stats["hits"] += 1
+            self.stats["saved_tokens"] += len(best) * len(prompts)
+            return len(best), self.entries[(adapter, best)]
+        if len(prompts) < 2 or shared < self.min_tokens:
+            return 0, None
+        ids = tuple(head[:shared])
+        self.entries[(adapter, ids)] = build(list(ids))
+        self.stats["builds"] += 1
+        self.stats["saved_tokens"] += shared * (len(prompts) - 1)
+        while len(self.entries) > self.max_entries:
+            self.entries.popitem(last=False)
+        return shared, self.entries[(adapter, ids)]
+
+    def drop(self, adapter: str | None) -> None:
+        """Forget the entries of an adapter (it was unloaded, or replaced under its name)."""
+        for key in [k for k in self.entries if k[0] == adapter]:
+            del self.entries[key]
+
+    def clear(self) -> None:
+        self.entries.clear()

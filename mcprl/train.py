@@ -1,0 +1,409 @@
+"""The training loop behind `mcprl train` and `mcprl autorl`.
+
+    backend = LocalBackend(".mcprl")
+    run = TrainingRun(RunConfig(project="calc", steps=10), "example:calculator", backend)
+    await run.prepare(scenarios="scenarios/calculator.jsonl")   # preflight checks
+    summary = await run.run()
+
+`prepare` checks, before any long work, that the server answers and has tools, that the
+scenarios are usable (and stores them with the run), that the model loads (resuming the run if it
+has checkpoints), and that the judge answers. `run` then repeats, up to `steps`:
+
+1. rollouts: `rollouts_per_group` attempts at each of `groups_per_step` training scenarios;
+2. judging: rewards from RULER, the scenarios' references, or both;
+3. training: one GRPO step on the LoRA, checkpointed and served as `name@step`;
+
+and evaluates the val split before the first step (the baseline), every `eval_every` steps and
+after the last. Each phase's wall time goes into the step's history row. `request_stop()` (the
+CLI calls it on Ctrl-C) abandons rollouts in flight but lets a started training step finish and
+record itself, so running again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from mcprl._defaults import configured_llm
+from mcprl.errors import PreflightError
+from mcprl.evaluate import collect_groups, has_reference, score_groups, summarize
+from mcprl.mcp import ServerInfo, inspect_server
+from mcprl.model import TrainableModel
+from mcprl.rewards import scorer
+from mcprl.rollout import RolloutConfig
+from mcprl.scenarios import Scenario, ScenarioSet
+from mcprl.training import TrainConfig
+from ruler import DEFAULT_RUBRIC, Judge, JudgeError, Usage
+
+__all__ = ["RunConfig", "RunSummary", "TrainingRun"]
+
+logger = logging.getLogger(__name__)
+
+RewardMode = Literal["auto", "ruler", "reference", "both"]
+
+
+class RunConfig(BaseModel):
+    """Everything a training run needs besides the server and the scenarios."""
+
+    model_config = ConfigDict(extra="forbid")
+    project: str = "default"
+    name: str = "agent"
+    base_model: str = "smollm2-135m"
+    steps: int = Field(default=10, ge=0, description="train until this step (resumes count)")
+    groups_per_step: int = Field(default=4, ge=1)
+    rollouts_per_group: int = Field(default=4, ge=2, description="GRPO compares 2+ attempts")
+    eval_every: int = Field(default=5, ge=0, description="0: baseline and final only")
+    val_attempts: int = Field(default=2, ge=1, description="attempts per val scenario")
+    max_val_scenarios: int | None = Field(default=None, ge=1)
+    reward: RewardMode = "auto"
+    calls_weight: float = Field(
+        default=0.5,
+        ge=0,
+        description="reference reward: weight of the reference calls made, "
+        "next to the answer's 1 (partial credit for the right tool calls)",
+    )
+    judge: str | None = Field(default=None, description="LiteLLM model; None: see module doc")
+    judge_api_base: str | None = None
+    rubric: str = DEFAULT_RUBRIC
+    seed: int = 0
+    max_concurrency: int = Field(default=8, ge=1)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    write_report: bool = True
+
+
+class RunSummary(BaseModel):
+    """What a run did, for the closing screen."""
+
+    project: str
+    name: str
+    run_dir: str
+    reward: str
+    judge: str | None
+    first_step: int
+    last_step: int
+    target_steps: int
+    interrupted: bool = False
+    baseline: dict[str, float] = Field(default_factory=dict)
+    baseline_step: int | None = None
+    final: dict[str, float] = Field(default_factory=dict)
+    final_step: int | None = None
+    times: dict[str, float] = Field(default_factory=dict)
+    report: str | None = None
+
+
+class TrainingRun:
+    """One run of the loop in the module docstring, on a `LocalBackend`."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        server: Any,
+        backend: Any,
+        *,
+        say: Callable[[str], None] | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.config = config
+        self.server = server
+        self.backend = backend
+        self.say = say or logger.info
+        self.progress = progress
+        self.model = TrainableModel(
+            name=config.name, project=config.project, base_model=config.base_model
+        )
+        self.scenarios = ScenarioSet()
+        self.judge: Judge | None = None
+        self.reward: str = config.reward
+        self.info: ServerInfo | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._stop = False
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.backend.path) / self.config.project / self.config.name
+
+    # -- preflight -----------------------------------------------------------------------------
+
+    async def prepare(
+        self,
+        scenarios: ScenarioSet | str | Path | None = None,
+        *,
+        make_scenarios: Callable[[ServerInfo | None], Any] | None = None,
+    ) -> None:
+        """Run the preflight checks (module docstring); raise `PreflightError` with the fix."""
+        if self.server is not None:
+            self.info = await inspect_server(self.server)
+            self.say(f"✓ server {self.info.name}: {len(self.info.tools)} tools")
+        self.scenarios = await self._resolve_scenarios(scenarios, make_scenarios)
+        self.reward = self._resolve_reward()
+        self.model.register(self.backend)
+        step = self.backend.step(self.model)
+        resumed = f"resuming at step {step}" if step else "a fresh LoRA at step 0"
+        self.say(f"✓ model {self.config.base_model} loaded; {self.model.name}: {resumed}")
+        if self.reward in ("ruler", "both"):
+            self.judge = self._make_judge()
+            await self._ping_judge()
+            self.say(f"✓ judge {self.judge.model} answers")
+        self.say(f"  reward: {self.reward}")
+
+    async def _resolve_scenarios(self, given, make) -> ScenarioSet:
+        stored = self.run_dir / "scenarios.jsonl"
+        if given is not None:
+            scenarios = given if isinstance(given, ScenarioSet) else ScenarioSet.load(given)
+            where = "given"
+            if stored.is_file() and _ids(ScenarioSet.load(stored)) != _ids(scenarios):
+                raise PreflightError(
+                    f"this run ({self.run_dir}) trained on other scenarios, kept in {stored}; "
+                    "train a new run with --name, or pass --scenarios with that file"
+                )
+        elif stored.is_file():
+            scenarios, where = ScenarioSet.load(stored), f"stored with the run ({stored})"
+        elif make is not None:
+            scenarios, where = await make(self.info), "new for this run"
+        else:
+            raise PreflightError("no scenarios: pass a scenario file")
+        if any(s.split is None for s in scenarios):
+            scenarios = scenarios.with_split(0.25, seed=self.config.seed)
+        if not len(scenarios.train) or not len(scenarios.val):
+            raise PreflightError(
+                f"the scenarios need a train and a val split (have {len(scenarios.train)} train, "
+                f"{len(scenarios.val)} val); give the file more scenarios or fix their 'split'"
+            )
+        scenarios.save(stored)
+        self.say(f"✓ scenarios ({where}): {len(scenarios.train)} train, {len(scenarios.val)} val")
+        return scenarios
+
+    def _resolve_reward(self) -> str:
+        with_refs = all(has_reference(s) for s in self.scenarios)
+        mode = self.config.reward
+        if mode == "auto":
+            external = self.config.judge or configured_llm("MCPRL_JUDGE")
+            mode = ("both" if external else "reference") if with_refs else "ruler"
+        if mode in ("reference", "both") and not with_refs:
+            raise PreflightError(
+                f"--reward {mode} needs a reference answer or calls on every scenario, and some "
+                "have none; use --reward ruler, or scenarios with references (--grounded)"
+            )
+        if mode == "ruler" and self.config.val_attempts < 2:
+            raise PreflightError("RULER compares attempts: set val_attempts to 2 or more")
+        return mode
+
+    def _make_judge(self) -> Judge:
+        model = self.config.judge or configured_llm("MCPRL_JUDGE")
+        api_base = self.config.judge_api_base
+        if model is None:
+            # the base model, served without the adapter: the judge is never the policy
+            model, api_base = f"openai/{self.config.base_model}", self.backend.base_url
+        return Judge(model, api_base=api_base, rubric=self.config.rubric, temperature=0.0)
+
+    async def _ping_judge(self) -> None:
+        llm = self.judge.llm
+        request = llm.request([{"role": "user", "content": "Reply with OK."}], max_tokens=4)
+        try:
+            await llm.complete(request, Usage())
+        except JudgeError as exc:
+            raise PreflightError(
+                f"the judge {llm.model} does not answer: {exc}. Check its API key or "
+                "--judge-api-base, pick another with --judge, or use --reward reference"
+            ) from exc
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop at the next safe point: rollouts in flight are dropped, training completes."""
+        self._stop = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def run(self) -> RunSummary:
+        config = self.config
+        start = self.backend.step(self.model)
+        summary = RunSummary(
+            project=config.project,
+            name=config.name,
+            run_dir=str(self.run_dir),
+            reward=self.reward,
+            judge=self.judge.model if self.judge else None,
+            first_step=start,
+            last_step=start,
+            target_steps=config.steps,
+        )
+        self.by_id = {s.id: s for s in self.scenarios}
+        self.score = self._scorer()
+        with anyio.CancelScope() as self._scope:
+            if self._stop:
+                self._scope.cancel()
+            if (start == 0 and not self._has_val(0)) or self._eval_due(start):
+                await self._evaluate(summary)
+            while self.backend.step(self.model) < config.steps:
+                await self._step(summary)
+                if self._eval_due(self.backend.step(self.model)):
+                    await self._evaluate(summary)
+        summary.interrupted = self._scope.cancel_called
+        summary.last_step = self.backend.step(self.model)
+        self._fill_baseline(summary)
+        if config.write_report:
+            summary.report = self._report()
+        return summary
+
+    def _scorer(self):
+        weights = {"reference": (1.0, 0.0), "ruler": (0.0, 1.0), "both": (0.5, 0.5)}[self.reward]
+        return scorer(
+            self.by_id,
+            judge=self.judge,
+            reference_weight=weights[0],
+            ruler_weight=weights[1],
+            calls_weight=self.config.calls_weight,
+            drop_failed_groups=True,
+        )
+
+    def _has_val(self, step: int) -> bool:
+        store = self.backend.store(self.model)
+        return any(r["step"] == step and "val/attempts" in r for r in store.history())
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.config.eval_every
+        due = step == self.config.steps or (every > 0 and step % every == 0)
+        return step > 0 and due and not self._has_val(step)
+
+    async def _step(self, summary: RunSummary) -> None:
+        config, step = self.config, self.backend.step(self.model) + 1
+        batch = _pick(self.scenarios.train.scenarios, step, config.groups_per_step, config.seed)
+        t0 = time.perf_counter()
+        groups = await collect_groups(
+            self.model,
+            batch,
+            self.server,
+            config.rollout,
+            attempts=config.rollouts_per_group,
+            seed=config.seed + step * 1_000_000,
+            max_concurrency=config.max_concurrency,
+            desc=f"step {step}/{config.steps} rollouts",
+            progress=self.progress,
+        )
+        t1 = time.perf_counter()
+        groups = await score_groups(
+            groups, self.score, desc=f"step {step} judging", progress=self.progress
+        )
+        t2 = time.perf_counter()
+        stats = summarize(groups, self.by_id)
+        extra = {f"train/{k}": v for k, v in stats.items() if k not in ("reward", "reward_std")}
+        extra |= {"time/rollout_s": t1 - t0, "time/judge_s": t2 - t1}
+        with _Bar(f"step {step} training", self.progress) as bar:
+            result = await self.backend.train(
+                self.model, groups, config.train, metrics=extra, on_progress=bar.update
+            )
+        m = result.metrics
+        times = {"rollout": t1 - t0, "judge": t2 - t1, "train": m.get("time_train_s", 0.0)}
+        for k, v in times.items():
+            summary.times[k] = summary.times.get(k, 0.0) + v
+        self.say(
+            f"step {result.step}/{config.steps}: reward {m.get('reward_mean', math.nan):.3f} "
+            f"± {m.get('reward_std', math.nan):.3f}"
+            + (f", success {stats['success']:.0%}" if "success" in stats else "")
+            + f", {len(groups)} groups"
+            + (" (no signal: no update)" if m.get("skipped_update") else "")
+            + f" | rollouts {times['rollout']:.0f} s, judge {times['judge']:.0f} s, "
+            f"train {times['train']:.0f} s"
+        )
+
+    async def _evaluate(self, summary: RunSummary) -> None:
+        config, step = self.config, self.backend.step(self.model)
+        val = self.scenarios.val.scenarios[: config.max_val_scenarios]
+        t0 = time.perf_counter()
+        groups = await collect_groups(
+            self.model,
+            val,
+            self.server,
+            config.rollout,
+            attempts=config.val_attempts,
+            seed=config.seed + 7,  # the same seeds at every step: differences are the policy's
+            max_concurrency=config.max_concurrency,
+            desc=f"eval at step {step}",
+            progress=self.progress,
+        )
+        groups = await score_groups(groups, self.score, desc="eval judging", progress=False)
+        metrics = summarize(groups, self.by_id)
+        metrics["time_s"] = time.perf_counter() - t0
+        summary.times["eval"] = summary.times.get("eval", 0.0) + metrics["time_s"]
+        with anyio.CancelScope(shield=True):
+            self.backend.log(self.model, metrics, "val", groups)
+        self.say(f"eval at step {step}: {_describe(metrics)}")
+
+    def _fill_baseline(self, summary: RunSummary) -> None:
+        vals = [r for r in self.backend.store(self.model).history() if "val/attempts" in r]
+        if vals:
+            first, last = vals[0], vals[-1]
+            summary.baseline_step, summary.final_step = first["step"], last["step"]
+            summary.baseline = {k[4:]: v for k, v in first.items() if k.startswith("val/")}
+            summary.final = {k[4:]: v for k, v in last.items() if k.startswith("val/")}
+
+    def _report(self) -> str | None:
+        try:
+            from mcprl.report import write_report
+
+            return str(write_report(self.run_dir))
+        except Exception as exc:  # the run's data is safe; only the report is missing
+            logger.warning("could not write the report: %s", exc)
+            self.say(f"(no report: {exc})")
+            return None
+
+
+def _ids(scenarios: ScenarioSet) -> set[str]:
+    return {s.id for s in scenarios}
+
+
+def _pick(train: list[Scenario], step: int, k: int, seed: int) -> list[Scenario]:
+    """The training scenarios of `step`: epochs of seeded shuffles, so resuming repeats them."""
+    out = []
+    for j in range((step - 1) * k, step * k):
+        epoch, pos = divmod(j, len(train))
+        order = list(train)
+        random.Random(seed * 7919 + epoch).shuffle(order)
+        out.append(order[pos])
+    return out
+
+
+def _describe(metrics: dict[str, float]) -> str:
+    parts = []
+    if "success" in metrics:
+        parts.append(f"success {metrics['success']:.0%}")
+    if "reward" in metrics:
+        parts.append(f"reward {metrics['reward']:.3f}")
+    for key, label in (("completed", "completed"), ("tool_errors", "tool errors/attempt")):
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:.2f}")
+    return ", ".join(parts) + f" ({metrics.get('attempts', 0):.0f} attempts)"
+
+
+class _Bar:
+    """A progress bar fed from the training thread (micro-batches done / total)."""
+
+    def __init__(self, desc: str, enabled: bool) -> None:
+        self.desc, self.enabled, self.bar = desc, enabled, None
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=self.desc, leave=False, unit="batch")
+        self.bar.n = done
+        self.bar.refresh()
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,105 @@
+"""`mcprl report`: plots and a readable page from a run's files, checked in a real browser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mcprl.backends import RunStore
+from mcprl.cli import main
+from mcprl.report import write_report
+from mcprl.types import Trajectory, TrajectoryGroup
+
+
+def _attempt(reward: float, answer: str) -> Trajectory:
+    return Trajectory(
+        messages=[
+            {"role": "system", "content": "You have calculator tools."},
+            {"role": "user", "content": "Add 2 and 3 <b>now</b>."},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "5"},
+            {"role": "assistant", "content": answer},
+        ],
+        reward=reward,
+        metrics={"turns": 2.0, "tool_errors": 0.0, "reward_ruler": reward},
+        metadata={"scenario_id": "add-2-3"},
+    )  # fmt: skip
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    store = RunStore(tmp_path, "calc", "agent")
+    store.write_model_info({"base_model": "smollm2-135m"})
+    for step in range(4):
+        if step:
+            store.append_history({
+                "step": step, "train/reward_mean": 0.2 * step, "train/reward_std": 0.1,
+                "train/turns": 3 - step * 0.5, "train/tool_errors": 1 / step,
+                "time/rollout_s": 30.0, "time/judge_s": 5.0, "train/time_train_s": 12.0,
+                "train/time_checkpoint_s": 0.3,
+            })  # fmt: skip
+            group = TrajectoryGroup(
+                scenario_id="add-2-3",
+                trajectories=[_attempt(0.9, "2 + 3 = 5"), _attempt(0.1, "It is 6, I think")],
+            )
+            store.write_trajectories("train", step, [group])
+        store.append_history({"step": step, "val/attempts": 8.0, "val/success": 0.1 * step,
+                              "val/reward": 0.15 * step})  # fmt: skip
+    return store.dir
+
+
+def test_report_has_plots_a_summary_and_the_best_and_worst_attempts(run_dir: Path):
+    out = write_report(run_dir)
+    html = out.read_text()
+    for png in ("val.png", "train_reward.png", "scores.png", "behaviour.png", "time.png"):
+        assert (run_dir / png).stat().st_size > 5000, png
+        assert f'src="{png}"' in html
+    assert "step 0" in html and "step 3" in html  # baseline and latest evaluation
+    best, worst = html.split("<h3>Best</h3>")[1].split("<h3>Worst</h3>")
+    assert "2 + 3 = 5" in best and "It is 6" in worst
+    assert "&lt;b&gt;now&lt;/b&gt;" in html  # conversation text is escaped, not rendered
+    assert "→ add(" in html
+
+
+def test_report_cli_takes_project_slash_model(run_dir: Path, capsys):
+    assert main(["report", "calc/agent", "--path", str(run_dir.parent.parent)]) == 0
+    assert str(run_dir / "report.html") in capsys.readouterr().out
+
+
+def test_report_of_a_directory_that_is_not_a_run_says_so(tmp_path: Path, capsys):
+    assert main(["report", "nope/agent", "--path", str(tmp_path)]) == 1
+    assert "not a training run" in capsys.readouterr().err
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed")
+def test_report_renders_in_headless_chromium(run_dir: Path, tmp_path: Path):
+    from matplotlib.image import imread
+
+    page = write_report(run_dir)
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--screenshot={shot}", "--window-size=1200,1800", page.as_uri()],
+        check=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    pixels = imread(shot)
+    assert pixels.shape[0] == 1800 and pixels.shape[1] == 1200
+    # plots drawn: many distinct colours, and not a blank page
+    colours = {tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}
+    assert len(colours) > 50, len(colours)
+    json.dumps(str(shot))

@@ -1,0 +1,118 @@
+"""The training loop's preflight checks and scheduling, with doubles in place of the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mcprl.cli import main
+from mcprl.errors import PreflightError
+from mcprl.scenarios import Reference, Scenario, ScenarioSet
+from mcprl.train import RunConfig, TrainingRun, _pick
+from tests.helpers import LocalChatServer, chat_completion
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class NoModelBackend:
+    """Registers nothing and serves nothing: enough for the checks before any model work."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.base_url = "http://127.0.0.1:9/v1"
+        self.registered = []
+
+    def register(self, model) -> None:
+        self.registered.append(model.name)
+
+    def step(self, model) -> int:
+        return 0
+
+    def endpoint(self, model):
+        return self.base_url, "local"
+
+
+def _scenarios(n: int = 8, reference: bool = True) -> ScenarioSet:
+    ref = Reference(answer="4") if reference else None
+    items = [Scenario(id=f"s{i}", task=f"Add 2 and {i}.", difficulty=1, reference=ref)
+             for i in range(n)]  # fmt: skip
+    return ScenarioSet(items).with_split(0.25, seed=0)
+
+
+def test_each_step_takes_new_scenarios_until_the_train_split_is_used_up():
+    train = list(_scenarios(12).train)
+    first_epoch = [s.id for step in (1, 2, 3) for s in _pick(train, step, 3, seed=0)]
+    assert sorted(first_epoch) == sorted(s.id for s in train)
+    assert _pick(train, 2, 3, seed=0) == _pick(train, 2, 3, seed=0)  # resuming repeats it
+    assert _pick(train, 4, 3, seed=0) != _pick(train, 4, 3, seed=1)
+
+
+def test_a_bad_scenario_file_fails_before_the_model_loads(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "task": "Add 1 and 2.", "difficulty": 9}\n')
+    code = main(["train", "example:calculator", "--scenarios", str(bad), "--path",
+                 str(tmp_path / "runs"), "-q"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "bad.jsonl line 1" in err and "difficulty" in err
+    assert "model" not in err.split("error:")[0]  # no "✓ model ... loaded" before it
+
+
+@pytest.mark.anyio
+async def test_reference_reward_needs_references(tmp_path):
+    backend = NoModelBackend(tmp_path)
+    run = TrainingRun(RunConfig(reward="reference"), None, backend, say=lambda _: None)
+    with pytest.raises(PreflightError, match="--reward reference needs a reference"):
+        await run.prepare(_scenarios(reference=False))
+    assert backend.registered == []
+
+
+@pytest.mark.anyio
+async def test_auto_reward_picks_ruler_without_references(tmp_path):
+    with LocalChatServer(lambda body: (200, chat_completion("OK"))) as judge:
+        config = RunConfig(judge="openai/j", judge_api_base=judge.base_url)
+        run = TrainingRun(config, None, NoModelBackend(tmp_path), say=lambda _: None)
+        await run.prepare(_scenarios(reference=False))
+    assert run.reward == "ruler" and run.judge.model == "openai/j"
+
+
+@pytest.mark.anyio
+async def test_a_judge_that_does_not_answer_stops_the_run_before_training(tmp_path):
+    refuse = {"error": {"message": "invalid api key", "type": "auth"}}
+    with LocalChatServer(lambda body: (401, refuse)) as judge:
+        config = RunConfig(reward="ruler", judge="openai/j", judge_api_base=judge.base_url)
+        run = TrainingRun(config, None, NoModelBackend(tmp_path), say=lambda _: None)
+        with pytest.raises(PreflightError, match="the judge openai/j does not answer"):
+            await run.prepare(_scenarios())
+
+
+@pytest.mark.anyio
+async def test_a_run_keeps_its_scenarios_and_refuses_others(tmp_path):
+    backend = NoModelBackend(tmp_path)
+    run = TrainingRun(RunConfig(reward="reference"), None, backend, say=lambda _: None)
+    await run.prepare(_scenarios(8))
+    stored = tmp_path / "default" / "agent" / "scenarios.jsonl"
+    assert len(ScenarioSet.load(stored)) == 8
+    again = TrainingRun(RunConfig(reward="reference"), None, backend, say=lambda _: None)
+    await again.prepare(None)  # nothing given: the run's own scenarios
+    assert len(again.scenarios) == 8
+    with pytest.raises(PreflightError, match="trained on other scenarios"):
+        await again.prepare(_scenarios(5))
+    assert len(ScenarioSet.load(stored)) == 8  # not overwritten
+
+
+@pytest.mark.anyio
+async def test_scenarios_without_a_val_split_are_refused(tmp_path):
+    items = ScenarioSet(
+        [Scenario(id="a", task="Add 1 and 2.", difficulty=1, split="train",
+                  reference=Reference(answer="3"))]
+    )  # fmt: skip
+    run = TrainingRun(RunConfig(), None, NoModelBackend(tmp_path), say=lambda _: None)
+    with pytest.raises(PreflightError, match="need a train and a val split"):
+        await run.prepare(items)
+
+
+def test_config_refuses_groups_of_one():
+    with pytest.raises(ValueError, match="rollouts_per_group"):
+        RunConfig(rollouts_per_group=1)
