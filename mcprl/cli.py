@@ -220,7 +220,7 @@ def _train_with_ctrl_c(run: Any, prepare: Callable[[], Any]) -> Any:
             async def watch() -> None:
                 with anyio.open_signal_receiver(signal.SIGINT) as signals:
                     async for _ in signals:
-                        if run._stop:
+                        if run.stopping:
                             raise KeyboardInterrupt
                         _say(
                             "stopping: a training step in progress finishes and is saved; "

@@ -218,6 +218,11 @@ class TrainingRun:
 
     # -- the loop ------------------------------------------------------------------------------
 
+    @property
+    def stopping(self) -> bool:
+        """A stop was requested (the run ends at the next safe point)."""
+        return self._stop
+
     def request_stop(self) -> None:
         """Stop at the next safe point: rollouts in flight are dropped, training completes."""
         self._stop = True
@@ -279,16 +284,11 @@ class TrainingRun:
         config, step = self.config, self.backend.step(self.model) + 1
         batch = _pick(self.scenarios.train.scenarios, step, config.groups_per_step, config.seed)
         t0 = time.perf_counter()
-        groups = await collect_groups(
-            self.model,
+        groups = await self._collect(
             batch,
-            self.server,
-            config.rollout,
-            attempts=config.rollouts_per_group,
-            seed=config.seed + step * 1_000_000,
-            max_concurrency=config.max_concurrency,
-            desc=f"step {step}/{config.steps} rollouts",
-            progress=self.progress,
+            config.rollouts_per_group,
+            config.seed + step * 1_000_000,
+            f"step {step} rollouts",
         )
         t1 = time.perf_counter()
         groups = await score_groups(
@@ -316,21 +316,25 @@ class TrainingRun:
             f"train {times['train']:.0f} s"
         )
 
+    async def _collect(self, scenarios: list[Scenario], attempts: int, seed: int, desc: str):
+        return await collect_groups(
+            self.model,
+            scenarios,
+            self.server,
+            self.config.rollout,
+            attempts=attempts,
+            seed=seed,
+            max_concurrency=self.config.max_concurrency,
+            desc=desc,
+            progress=self.progress,
+        )
+
     async def _evaluate(self, summary: RunSummary) -> None:
         config, step = self.config, self.backend.step(self.model)
         val = self.scenarios.val.scenarios[: config.max_val_scenarios]
         t0 = time.perf_counter()
-        groups = await collect_groups(
-            self.model,
-            val,
-            self.server,
-            config.rollout,
-            attempts=config.val_attempts,
-            seed=config.seed + 7,  # the same seeds at every step: differences are the policy's
-            max_concurrency=config.max_concurrency,
-            desc=f"eval at step {step}",
-            progress=self.progress,
-        )
+        # the same seeds at every evaluation: what differs is the policy
+        groups = await self._collect(val, config.val_attempts, config.seed + 7, f"eval {step}")
         groups = await score_groups(groups, self.score, desc="eval judging", progress=False)
         metrics = summarize(groups, self.by_id)
         metrics["time_s"] = time.perf_counter() - t0
