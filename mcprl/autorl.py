@@ -68,7 +68,7 @@ class TaskSet:
 
 
 def _inputs_schema(k: int) -> dict[str, Any]:
-    item = {"type": "string", "minLength": 8, "maxLength": 600}
+    item = {"type": "string", "minLength": 8, "maxLength": 300}
     inputs = {"type": "array", "items": item, "minItems": k, "maxItems": k}
     return {
         "type": "object",
@@ -80,7 +80,7 @@ def _inputs_schema(k: int) -> dict[str, Any]:
 
 _PROMPT_SCHEMA = {
     "type": "object",
-    "properties": {"system_prompt": {"type": "string", "minLength": 20, "maxLength": 1200}},
+    "properties": {"system_prompt": {"type": "string", "minLength": 20, "maxLength": 800}},
     "required": ["system_prompt"],
     "additionalProperties": False,
 }
@@ -114,7 +114,9 @@ async def write_task_set(
         llm = LLMClient(generator, temperature=1.0)
     say(f"  writing {n} inputs and a system prompt with {llm.model} …")
     usage = Usage()
-    prompt = await _ask(llm, usage, _PROMPT_SYSTEM.format(task=task), _PROMPT_SCHEMA, seed)
+    prompt = await _ask(
+        llm, usage, _PROMPT_SYSTEM.format(task=task), _PROMPT_SCHEMA, seed, max_tokens=300
+    )
     inputs = await _inputs(llm, usage, task, n, seed, batch_size, max_rounds)
     scenarios = ScenarioSet(
         Scenario(
@@ -128,9 +130,13 @@ async def write_task_set(
     return TaskSet(task, str(prompt["system_prompt"]).strip(), scenarios)
 
 
-async def _ask(llm: LLMClient, usage: Usage, system: str, schema: dict, seed: int) -> dict:
+async def _ask(
+    llm: LLMClient, usage: Usage, system: str, schema: dict, seed: int, max_tokens: int
+) -> dict:
     request = llm.request(
-        [{"role": "system", "content": system}, {"role": "user", "content": "Go."}], seed=seed
+        [{"role": "system", "content": system}, {"role": "user", "content": "Go."}],
+        seed=seed,
+        max_tokens=max_tokens,  # bounded by the schema's lengths: a cap, not a cut
     )
     try:
         reply = await llm.complete(request, usage, schema=schema, schema_name="reply")
@@ -163,7 +169,8 @@ async def _inputs(
         k = min(batch_size, n - len(accepted))
         system = _INPUTS_SYSTEM.format(task=task, k=k)
         try:
-            obj = await _ask(llm, usage, system, _inputs_schema(k), seed + 1 + round_no)
+            schema, budget = _inputs_schema(k), 40 + 110 * k  # 300 chars <= ~100 tokens each
+            obj = await _ask(llm, usage, system, schema, seed + 1 + round_no, budget)
         except ScenarioGenerationError as exc:
             logger.info("round %d: %s", round_no + 1, exc)
             continue

@@ -400,6 +400,7 @@ def cmd_autorl(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from mcprl.evaluate import eval_scenarios, evaluate_models, format_table, open_models, save_eval
     from mcprl.rollout import RolloutConfig
+    from mcprl.train import local_judge
     from ruler import Judge
 
     _quiet_libraries()
@@ -418,13 +419,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         api_base=args.api_base,
     ) as (models, base_url):
         judge = None
-        if args.judge:
-            local = args.judge == "local"
-            judge = Judge(
-                f"openai/{args.base_model}" if local else args.judge,
-                api_base=base_url if local else args.judge_api_base,
-                temperature=0.0,
-            )
+        if args.judge == "local":
+            if base_url is None:
+                raise ValueError("--judge local needs a local model (a run or 'base') to serve")
+            judge = local_judge(args.base_model, base_url)
+        elif args.judge:
+            judge = Judge(args.judge, api_base=args.judge_api_base, temperature=0.0)
         rows, groups = anyio.run(
             lambda: evaluate_models(
                 models,

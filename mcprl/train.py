@@ -199,11 +199,15 @@ class TrainingRun:
 
     def _make_judge(self) -> Judge:
         model = self.config.judge or configured_llm("MCPRL_JUDGE")
-        api_base = self.config.judge_api_base
-        if model is None:
-            # the base model, served without the adapter: the judge is never the policy
-            model, api_base = f"openai/{self.config.base_model}", self.backend.base_url
-        return Judge(model, api_base=api_base, rubric=self.config.rubric, temperature=0.0)
+        if model is not None:
+            return Judge(
+                model,
+                api_base=self.config.judge_api_base,
+                rubric=self.config.rubric,
+                temperature=0.0,
+            )
+        # the base model, served without the adapter: the judge is never the policy
+        return local_judge(self.config.base_model, self.backend.base_url, self.config.rubric)
 
     async def _ping_judge(self) -> None:
         llm = self.judge.llm
@@ -360,6 +364,17 @@ class TrainingRun:
             logger.warning("could not write the report: %s", exc)
             self.say(f"(no report: {exc})")
             return None
+
+
+def local_judge(base_model: str, base_url: str, rubric: str = DEFAULT_RUBRIC) -> Judge:
+    """RULER with the local base model: greedy, with short explanations (a small model rambles)."""
+    return Judge(
+        f"openai/{base_model}",
+        api_base=base_url,
+        rubric=rubric,
+        temperature=0.0,
+        explanation_max_chars=160,
+    )
 
 
 def _ids(scenarios: ScenarioSet) -> set[str]:

@@ -55,15 +55,17 @@ SCORES_SCHEMA: dict[str, Any] = {
 }
 
 
-def scores_schema(ids: list[str]) -> dict[str, Any]:
+def scores_schema(ids: list[str], explanation_max_chars: int | None = None) -> dict[str, Any]:
     """SCORES_SCHEMA narrowed to this group: exactly these ids, one entry each.
 
     With constrained decoding (vLLM, mcprl's server) even a small local judge then cannot
-    invent, drop or misspell an id.
+    invent, drop or misspell an id; `explanation_max_chars` bounds how long it can ramble.
     """
     schema = copy.deepcopy(SCORES_SCHEMA)
     scores = schema["properties"]["scores"]
     scores["items"]["properties"]["trajectory_id"] = {"type": "string", "enum": list(ids)}
+    if explanation_max_chars is not None:
+        scores["items"]["properties"]["explanation"]["maxLength"] = explanation_max_chars
     scores["minItems"] = scores["maxItems"] = len(ids)
     return schema
 
@@ -85,6 +87,8 @@ class Judge:
         structured_output: "auto" sends a JSON schema where the provider is known to take one
             (and falls back to instructions if it refuses); "json_schema" always; "instructions"
             never.
+        explanation_max_chars: bound each explanation's length in the JSON schema sent (for
+            small local judges under constrained decoding, which may otherwise ramble).
     """
 
     def __init__(
@@ -104,7 +108,9 @@ class Judge:
         max_concurrency: int = 8,
         max_prompt_chars: int | None = 120_000,
         structured_output: Literal["auto", "json_schema", "instructions"] = "auto",
+        explanation_max_chars: int | None = None,
     ) -> None:
+        self.explanation_max_chars = explanation_max_chars
         self.llm = LLMClient(
             model,
             api_base=api_base,
@@ -175,7 +181,10 @@ class Judge:
         reply, problems = "", []
         for asked in range(self.parse_retries + 1):
             reply = await self.llm.complete(
-                request, usage, schema=scores_schema(prompt.judge_ids), schema_name="ruler_scores"
+                request,
+                usage,
+                schema=scores_schema(prompt.judge_ids, self.explanation_max_chars),
+                schema_name="ruler_scores",
             )
             obj, problem = extract_json(reply)
             if obj is not None:

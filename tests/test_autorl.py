@@ -76,7 +76,8 @@ def test_autorl_end_to_end_with_the_local_model(tmp_path, capsys):
     assert (run / "checkpoints" / "0001").is_dir()
     assert "judge openai/smollm2-135m" in out.out
     rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
-    assert any(r["step"] == 1 and "train/loss" in r for r in rows)
+    # the tiny judge often ties a group (no signal, no update); the step is recorded either way
+    assert any(r["step"] == 1 and "train/reward_mean" in r for r in rows)
     groups = (run / "trajectories" / "train" / "0001.jsonl").read_text().splitlines()
     first = json.loads(groups[0])["trajectories"][0]
     assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
