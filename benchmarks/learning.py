@@ -118,6 +118,7 @@ def main() -> None:
                     results["base"] = anyio.run(
                         _evaluate, base, val, server, rollout, seeds, args.val_attempts
                     )
+                    print("base:", json.dumps(results["base"]), flush=True)
                 trained = Model(
                     name=f"{config.name}@{summary.last_step}",
                     base_url=backend.base_url,
@@ -131,6 +132,8 @@ def main() -> None:
                     ),
                 }
                 print(json.dumps(results["runs"][reward]), flush=True)
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.out).write_text(json.dumps(results, indent=2))  # so far
     finally:
         server_proc.terminate()
     _report(results)

@@ -164,12 +164,14 @@ async def evaluate_models(
     attempts: int = 1,
     seed: int = 0,
     judge: Any = None,
+    calls_weight: float = 0.5,
     max_concurrency: int = 8,
     progress: bool = True,
 ) -> tuple[list[EvalRow], dict[str, list[TrajectoryGroup]]]:
     """Evaluate each model on the same scenarios and seeds.
 
-    Rewards come from the references where every scenario has one. With a `judge`, RULER also
+    Rewards come from the references where every scenario has one (the answer, and the reference
+    calls with `calls_weight`, as `mcprl train` rewards them). With a `judge`, RULER also
     ranks the models' attempts at each scenario against each other (one group per scenario,
     holding every model's attempts): `reward_ruler` then compares the models directly.
     """
@@ -193,7 +195,7 @@ async def evaluate_models(
         for g in groups:
             for t in g.trajectories:
                 if with_refs:
-                    t.reward = reference_reward(t, by_id[g.scenario_id])
+                    t.reward = reference_reward(t, by_id[g.scenario_id], calls_weight=calls_weight)
         all_groups[model.served_name] = groups
         seconds = time.perf_counter() - started
         rows.append(EvalRow(model=model.served_name, metrics={}, seconds=seconds))

@@ -131,6 +131,13 @@ async def test_json_schema_is_requested_where_supported():
         "2",
     ]
     assert schema["properties"]["scores"]["minItems"] == 2
+    explanation = schema["properties"]["scores"]["items"]["properties"]["explanation"]
+    assert "maxLength" not in explanation  # unbounded unless asked
+    fn3 = ScriptedJudge(scores_reply({"1": 0.8, "2": 0.3}))
+    short = judge(fn3, structured_output="json_schema", explanation_max_chars=160)
+    await short.score([attempt("a"), attempt("b")])
+    items = fn3.requests[0]["response_format"]["json_schema"]["schema"]["properties"]["scores"]
+    assert items["items"]["properties"]["explanation"]["maxLength"] == 160
     # Without a schema the instruction alone carries the format.
     fn2 = ScriptedJudge(scores_reply({"1": 0.8, "2": 0.3}))
     await judge(fn2, structured_output="instructions").score([attempt("a"), attempt("b")])
