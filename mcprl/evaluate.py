@@ -311,11 +311,12 @@ def open_models(
     from mcprl.backends import RunStore
     from mcprl.model import LiteLLMModel, Model
 
-    local: list[tuple[str, Path | None]] = []  # (served name, adapter checkpoint or None)
+    # per spec: (served name, adapter checkpoint or None) for a local model, None for LiteLLM
+    plan: list[tuple[str, Path | None] | None] = []
     for spec in specs:
         run = _local_run(spec, path)
         if run is not None:
-            store = RunStore(path.parent, path.name, run[0])
+            store = RunStore(path.parent, path.name, run[0], read_only=True)
             info = store.read_model_info() or {}
             if info.get("base_model") != base_model:
                 raise ValueError(
@@ -324,31 +325,31 @@ def open_models(
             step = run[1] if run[1] is not None else store.latest_step()
             if step is None or not store.checkpoint_path(step).is_dir():
                 raise ValueError(f"{spec}: no checkpoint for that step in {store.dir}")
-            local.append((f"{run[0]}@{step}", store.checkpoint_path(step)))
+            plan.append((f"{run[0]}@{step}", store.checkpoint_path(step)))
         elif spec in ("base", base_model):
-            local.append((base_model, None))
-        elif "/" not in spec:
+            plan.append((base_model, None))
+        elif "/" in spec:
+            plan.append(None)
+        else:
             raise ValueError(
                 f"{spec!r} is neither a run in {path} nor a LiteLLM model string "
                 "(provider/model, e.g. openai/gpt-4.1-mini)"
             )
     server = None
-    if local:
+    if any(plan):
         from mcprl.serving import LocalServer
 
         server = LocalServer(base_model, dtype=dtype, served_name=base_model)
     try:
         models: list[Any] = []
-        adapters = dict(local)
-        for spec in specs:
-            run = _local_run(spec, path)
-            if run is not None or spec in ("base", base_model):
-                name = local.pop(0)[0]
-                if adapters[name] is not None:
-                    server.engine.load_adapter(name, str(adapters[name]))
-                models.append(Model(name=name, base_url=server.base_url, api_key="local"))
-            else:
+        for spec, local in zip(specs, plan, strict=True):
+            if local is None:
                 models.append(LiteLLMModel(name=spec, api_base=api_base))
+                continue
+            name, adapter = local
+            if adapter is not None and name not in server.engine.adapters:
+                server.engine.load_adapter(name, str(adapter))
+            models.append(Model(name=name, base_url=server.base_url, api_key="local"))
         yield models, server.base_url if server else None
     finally:
         if server is not None:

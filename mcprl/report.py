@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from mcprl.backends._store import RunStore
 from mcprl.types import Trajectory, read_groups
 
 __all__ = ["write_report"]
@@ -28,19 +29,6 @@ _PHASES = [
     ("train/time_train_s", "training"),
     ("train/time_checkpoint_s", "checkpoint"),
 ]
-
-
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "history.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -226,7 +214,9 @@ def write_report(run_dir: str | Path) -> Path:
             "or the run's directory"
         )
     info = json.loads((run_dir / "model.json").read_text(encoding="utf-8"))
-    rows = _rows(run_dir)
+    rows = RunStore(
+        run_dir.parent.parent, run_dir.parent.name, run_dir.name, read_only=True
+    ).history()
     plots = _plots(run_dir, rows)
     step, best, worst = _best_and_worst(run_dir)
     steps = [r["step"] for r in rows]

@@ -42,9 +42,15 @@ def _fsync_dir(path: Path) -> None:
 
 
 class RunStore:
-    def __init__(self, root: str | os.PathLike[str], project: str, model: str) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], project: str, model: str, *, read_only: bool = False
+    ) -> None:
+        """`read_only` (reports, evaluation) creates nothing and leaves a training process's
+        unpublished checkpoints alone; a writer clears what a killed process left behind."""
         self.dir = Path(root) / project / model
         self.checkpoints_dir = self.dir / "checkpoints"
+        if read_only:
+            return
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         for leftover in self.checkpoints_dir.glob(".tmp-*"):
             shutil.rmtree(leftover, ignore_errors=True)
@@ -69,6 +75,8 @@ class RunStore:
     def steps(self) -> list[int]:
         """Steps with a complete checkpoint, ascending."""
         out = []
+        if not self.checkpoints_dir.is_dir():
+            return out
         for d in self.checkpoints_dir.iterdir():
             if d.is_dir() and d.name.isdigit() and (d / _DONE).is_file():
                 out.append(int(d.name))
