@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import describe_machine  # noqa: E402
 from mcprl.mcp import inspect_server, openai_tools  # noqa: E402
-from mcprl.rollout import _COMPLETE_TASK_TOOL, DEFAULT_SYSTEM_PROMPT  # noqa: E402
+from mcprl.rollout import RolloutConfig, _system_prompt, complete_task_tool  # noqa: E402
 from mcprl.scenarios import ScenarioSet  # noqa: E402
 from mcprl.serving import Engine, load_model  # noqa: E402
 from mcprl.serving._chat import render_prompt  # noqa: E402
@@ -34,9 +34,9 @@ from mcprl.serving._engine import SamplingParams  # noqa: E402
 
 def agent_prompts(tokenizer, rows: int) -> list[list[int]]:
     info = anyio.run(inspect_server, "example:calculator")
-    tools = [*openai_tools(info.tools), _COMPLETE_TASK_TOOL]
+    tools = [*openai_tools(info.tools), complete_task_tool("number")]
     tasks = [s.task for s in ScenarioSet.load(ROOT / "scenarios" / "calculator.jsonl").val]
-    system = DEFAULT_SYSTEM_PROMPT.replace("{max_turns}", "6")
+    system = _system_prompt(RolloutConfig(max_turns=6), "number")
     prompts = []
     for i in range(rows):
         messages = [

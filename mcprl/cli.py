@@ -174,17 +174,19 @@ def _default_project(server: str | None) -> str:
 
 
 def _run_config(args: argparse.Namespace, **overrides: Any):
-    from mcprl.rollout import RolloutConfig
+    """One RunConfig from the flags; a flag left out keeps the config's own default."""
     from mcprl.train import RunConfig
-    from mcprl.training import TrainConfig
 
-    rollout = RolloutConfig(
-        max_turns=args.max_turns,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        **overrides.pop("rollout", {}),
-    )
-    fields = dict(
+    def given(**fields: Any) -> dict[str, Any]:
+        return {k: v for k, v in fields.items() if v is not None}
+
+    rollout = given(
+        max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=args.temperature
+    ) | overrides.pop("rollout", {})
+    train = given(learning_rate=args.lr, loss=args.loss)
+    if args.loss:
+        train |= _loss_defaults(args.loss)
+    fields = given(
         project=args.project,
         name=args.name,
         base_model=args.model,
@@ -199,10 +201,15 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         judge_api_base=args.judge_api_base,
         seed=args.seed,
         max_concurrency=args.concurrency,
-        rollout=rollout,
-        train=TrainConfig(learning_rate=args.lr, loss=args.loss, **_loss_defaults(args.loss)),
-        write_report=not args.no_report,
+        sampling=args.sampling,
+        oversample=args.oversample,
     )
+    defaults = RunConfig()
+    fields |= {
+        "rollout": defaults.rollout.model_copy(update=rollout),
+        "train": type(defaults.train)(**(defaults.train.model_dump() | train)),
+        "write_report": not args.no_report,
+    }
     return RunConfig(**(fields | overrides))
 
 
@@ -282,22 +289,52 @@ def print_summary(summary: Any, again: str) -> None:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="base model (default smollm2-135m)")
+    from mcprl.train import RunConfig
+
+    d = RunConfig()  # the defaults shown are the library's: one source of truth
+    p.add_argument("--model", help=f"base model (default {d.base_model})")
     p.add_argument("--project", help="project directory under --path (default: from the server)")
-    p.add_argument("--name", default="agent", help="the run's name in the project")
+    p.add_argument("--name", help=f"the run's name in the project (default {d.name})")
     p.add_argument("--path", default=".mcprl", help="where runs live (default .mcprl)")
-    p.add_argument("--steps", type=int, default=10, help="train up to this step (default 10)")
-    p.add_argument("--groups-per-step", type=int, default=4, help="scenarios per step")
-    p.add_argument("--rollouts-per-group", type=int, default=4, help="attempts per scenario")
-    p.add_argument("--max-turns", type=int, default=6, help="turns per attempt")
-    p.add_argument("--max-tokens", type=int, default=256, help="tokens per model reply")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--steps", type=int, help=f"train up to this step (default {d.steps})")
+    p.add_argument(
+        "--groups-per-step",
+        type=int,
+        help=f"informative groups (scenarios) per step (default {d.groups_per_step})",
+    )
+    p.add_argument(
+        "--rollouts-per-group",
+        type=int,
+        help=f"attempts per scenario (default {d.rollouts_per_group})",
+    )
+    p.add_argument(
+        "--sampling",
+        choices=["curriculum", "uniform"],
+        help="which training scenarios a step draws: curriculum (likely to teach, easy first; "
+        "the default) or uniform",
+    )
+    p.add_argument(
+        "--oversample",
+        type=float,
+        help="draw up to this many times --groups-per-step scenarios to replace groups whose "
+        f"rewards tie (default {d.oversample:g}; 1 disables)",
+    )
+    p.add_argument(
+        "--max-turns", type=int, help=f"turns per attempt (default {d.rollout.max_turns})"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, help=f"tokens per model reply (default {d.rollout.max_tokens})"
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        help=f"sampling temperature (default {d.rollout.temperature:g})",
+    )
     p.add_argument(
         "--reward",
         choices=["auto", "ruler", "reference", "both"],
-        default="auto",
-        help="auto: the references when every scenario has one (plus RULER with a configured "
-        "judge), else RULER",
+        help="auto (the default): the references when every scenario has one (plus RULER with "
+        "a configured judge), else RULER with a configured judge",
     )
     p.add_argument(
         "--judge",
@@ -305,13 +342,21 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "key's model, else the local base model)",
     )
     p.add_argument("--judge-api-base", help="OpenAI-compatible base URL for the judge")
-    p.add_argument("--lr", type=float, default=1e-4, help="learning rate (default 1e-4)")
-    p.add_argument("--loss", choices=["ppo", "gspo", "cispo"], default="ppo")
-    p.add_argument("--eval-every", type=int, default=5, help="val evaluation every k steps")
-    p.add_argument("--val-attempts", type=int, default=2, help="attempts per val scenario")
+    p.add_argument("--lr", type=float, help=f"learning rate (default {d.train.learning_rate:g})")
+    p.add_argument("--loss", choices=["ppo", "gspo", "cispo"], help=f"default {d.train.loss}")
+    p.add_argument(
+        "--eval-every", type=int, help=f"val evaluation every k steps (default {d.eval_every})"
+    )
+    p.add_argument(
+        "--val-attempts",
+        type=int,
+        help=f"attempts per val scenario (default {d.val_attempts})",
+    )
     p.add_argument("--max-val", type=int, help="evaluate on at most this many val scenarios")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--concurrency", type=int, default=8, help="attempts in flight")
+    p.add_argument("--seed", type=int, help=f"default {d.seed}")
+    p.add_argument(
+        "--concurrency", type=int, help=f"attempts in flight (default {d.max_concurrency})"
+    )
     p.add_argument(
         "--dtype",
         choices=["bfloat16", "float32"],
@@ -345,12 +390,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if generator is not None:
             _say(f"  writing {args.n} scenarios with {generator} …")
             made = await generate_scenarios(
-                info.tools, info.resources, n=args.n, generator=generator, seed=args.seed
+                info.tools, info.resources, n=args.n, generator=generator, seed=config.seed
             )
         else:
             _say(f"  no LLM configured: building {args.n} grounded scenarios on the server …")
-            made = await grounded_scenarios(args.server, n=args.n, seed=args.seed, info=info)
-        return made.with_split(0.25, seed=args.seed)
+            made = await grounded_scenarios(args.server, n=args.n, seed=config.seed, info=info)
+        return made.with_split(0.25, seed=config.seed)
 
     with _backend(args) as backend:
         run = TrainingRun(config, args.server, backend, say=_say, progress=not args.quiet)
@@ -381,8 +426,8 @@ def cmd_autorl(args: argparse.Namespace) -> int:
                     n=args.n,
                     generator=generator,
                     backend=backend,
-                    base_model=args.model,
-                    seed=args.seed,
+                    base_model=config.base_model,
+                    seed=config.seed,
                     say=_say,
                 )
                 written.save_to(run.run_dir)
@@ -399,8 +444,7 @@ def cmd_autorl(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from mcprl.evaluate import eval_scenarios, evaluate_models, format_table, open_models, save_eval
-    from mcprl.rollout import RolloutConfig
-    from mcprl.train import local_judge
+    from mcprl.train import RunConfig, local_judge
     from ruler import Judge
 
     _quiet_libraries()
@@ -408,8 +452,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     scenarios = eval_scenarios(
         args.scenarios, args.server, Path(args.path) / project, args.models, split=args.split
     )
-    config = RolloutConfig(
-        max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=args.temperature
+    given = dict(max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=args.temperature)
+    config = RunConfig().rollout.model_copy(
+        update={k: v for k, v in given.items() if v is not None}
     )
     _say(f"evaluating {len(args.models)} model(s) on {len(scenarios)} scenarios …")
     with open_models(
@@ -543,9 +588,9 @@ def _parser() -> argparse.ArgumentParser:
         "model, or 'local' for the local base model",
     )
     ev.add_argument("--judge-api-base")
-    ev.add_argument("--max-turns", type=int, default=6)
-    ev.add_argument("--max-tokens", type=int, default=256)
-    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--max-turns", type=int, help="default: as `mcprl train`")
+    ev.add_argument("--max-tokens", type=int, help="default: as `mcprl train`")
+    ev.add_argument("--temperature", type=float, help="default: as `mcprl train`")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--concurrency", type=int, default=8)
     ev.add_argument("--output", help="directory for the results (default PROJECT/evals)")

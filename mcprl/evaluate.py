@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from mcprl.gather import gather_groups
-from mcprl.rewards import reference_reward
+from mcprl.rewards import ReferenceReward, is_success, reward_parts
 from mcprl.rollout import RolloutConfig, rollout
 from mcprl.scenarios import Scenario
 from mcprl.types import TrajectoryGroup
@@ -53,7 +53,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # seeds of attempt a at scenario i are spaced so that per-turn seeds (seed + turn) never meet
-_SEED_STRIDE = 1000
+SEED_STRIDE = 1000
 
 
 def has_reference(s: Scenario | None) -> bool:
@@ -77,7 +77,7 @@ async def collect_groups(
     async with model.openai_client() as client:
 
         def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
-            cfg = config.model_copy(update={"seed": seed + (i * attempts + a) * _SEED_STRIDE})
+            cfg = config.model_copy(update={"seed": seed + (i * attempts + a) * SEED_STRIDE})
             return lambda: rollout(model, scenario, server, cfg, client=client)
 
         return await gather_groups(
@@ -117,7 +117,21 @@ def mark_success(groups: list[TrajectoryGroup], scenarios: dict[str, Scenario]) 
         if not has_reference(scenario):
             continue
         for t in g.trajectories:
-            t.metrics["success"] = float(reference_reward(t, scenario) >= 1.0 - 1e-9)
+            t.metrics["success"] = float(is_success(t, scenario))
+
+
+# per-attempt metrics averaged by `summarize`, where present
+_MEANS = (
+    "completed",
+    "turns",
+    "tool_calls",
+    "tool_errors",
+    "reward_ruler",
+    "reward_answer",
+    "reward_calls",
+    "reward_reported",
+    "repeated_calls",
+)
 
 
 def _mean(values: list[float]) -> float:
@@ -140,7 +154,7 @@ def summarize(
     success = [t.metrics["success"] for t in attempts if "success" in t.metrics]
     if success:
         out["success"] = _mean(success)
-    for key in ("completed", "turns", "tool_calls", "tool_errors", "reward_ruler"):
+    for key in _MEANS:
         values = [t.metrics[key] for t in attempts if key in t.metrics]
         if values:
             out[key] = _mean(values)
@@ -164,14 +178,14 @@ async def evaluate_models(
     attempts: int = 1,
     seed: int = 0,
     judge: Any = None,
-    calls_weight: float = 0.5,
+    reference: ReferenceReward | None = None,
     max_concurrency: int = 8,
     progress: bool = True,
 ) -> tuple[list[EvalRow], dict[str, list[TrajectoryGroup]]]:
     """Evaluate each model on the same scenarios and seeds.
 
-    Rewards come from the references where every scenario has one (the answer, and the reference
-    calls with `calls_weight`, as `mcprl train` rewards them). With a `judge`, RULER also
+    Rewards come from the references where every scenario has one (the answer, with partial
+    credit by `reference`'s weights, as `mcprl train` rewards them). With a `judge`, RULER also
     ranks the models' attempts at each scenario against each other (one group per scenario,
     holding every model's attempts): `reward_ruler` then compares the models directly.
     """
@@ -195,7 +209,14 @@ async def evaluate_models(
         for g in groups:
             for t in g.trajectories:
                 if with_refs:
-                    t.reward = reference_reward(t, by_id[g.scenario_id], calls_weight=calls_weight)
+                    parts = reward_parts(t, by_id[g.scenario_id], reference)
+                    t.reward = parts.reward
+                    t.metrics.update(
+                        reward_answer=parts.answer,
+                        reward_calls=parts.calls,
+                        reward_reported=parts.reported,
+                        repeated_calls=parts.repeated_calls,
+                    )
         all_groups[model.served_name] = groups
         seconds = time.perf_counter() - started
         rows.append(EvalRow(model=model.served_name, metrics={}, seconds=seconds))

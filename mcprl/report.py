@@ -4,9 +4,11 @@
 
 Reads what the run wrote (`history.jsonl`, `model.json`, `trajectories/`) and writes, next to it:
 `val.png` (val reward and success over steps), `train_reward.png` (train reward mean and spread),
-`scores.png` (distribution of judge scores, or rewards when no judge ran), `behaviour.png` (turns
-and tool errors per step), `time.png` (wall time per phase per step), and `report.html` with the
-plots, a summary table, and the best and worst attempts of the latest step.
+`scores.png` (distribution of judge scores, or rewards when no judge ran), `reward_parts.png`
+(the reference reward's components per step), `signal.png` (groups drawn, tied and trained per
+step), `behaviour.png` (turns and tool errors per step), `time.png` (wall time per phase per
+step), and `report.html` with the plots, a summary table, the steps that made no update, and the
+best and worst attempts of the latest step.
 """
 
 from __future__ import annotations
@@ -36,6 +38,26 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
     by_step = {r["step"]: r[key] for r in rows if key in r and r[key] is not None}
     steps = sorted(by_step)
     return steps, [float(by_step[s]) for s in steps]
+
+
+_PARTS = [
+    ("train/success", "success"),
+    ("train/reward_answer", "answer correct"),
+    ("train/reward_calls", "reference calls made"),
+    ("train/reward_reported", "answer is a tool result"),
+    ("train/repeated_calls", "repeated calls"),
+]
+
+
+def _no_update(rows: list[dict[str, Any]]) -> str:
+    steps = sorted({r["step"] for r in rows if r.get("train/skipped_update")})
+    if not steps:
+        return ""
+    listed = ", ".join(map(str, steps))
+    return (
+        f"<p><b>No update at step{'s' if len(steps) > 1 else ''} {listed}</b>: every group's "
+        "rewards tied, so there was nothing to learn from (the adapter did not change).</p>"
+    )
 
 
 def _trajectory_files(run_dir: Path, split: str) -> list[Path]:
@@ -101,6 +123,29 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         ax.legend(loc="best")
     ax.set(xlabel=label, ylabel="attempts", title=f"Distribution of {label}s")
     save(fig, "scores.png", f"Distribution of {label}s, first and latest training step.")
+
+    parts = [(k, n) for k, n in _PARTS if _series(rows, k)[0]]
+    if parts:
+        fig, ax = plt.subplots(figsize=(6.4, 3.4))
+        for key, name in parts:
+            steps, values = _series(rows, key)
+            ax.plot(steps, values, marker="o", label=name)
+        ax.set(xlabel="step", ylabel="mean per attempt", ylim=(-0.05, 1.05))
+        ax.set(title="Reward components (training attempts)")
+        ax.legend(loc="best", fontsize="small")
+        ax.grid(alpha=0.3)
+        save(fig, "reward_parts.png", "Components of the reference reward, per training step.")
+
+    steps, drawn = _series(rows, "train/groups_drawn")
+    if steps:
+        _, trained = _series(rows, "train/groups_trained")
+        fig, ax = plt.subplots(figsize=(6.4, 3.4))
+        ax.bar(steps, trained, label="trained (rewards differ)")
+        tied = [d - t for d, t in zip(drawn, trained, strict=False)]
+        ax.bar(steps, tied, bottom=trained, label="tied (no signal)", color="#bbb")
+        ax.set(xlabel="step", ylabel="groups", title="Groups per step")
+        ax.legend(loc="best")
+        save(fig, "signal.png", "Groups drawn per step: trained, and tied (replaced, no signal).")
 
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     for key, name in (("train/turns", "turns"), ("train/tool_errors", "tool errors")):
@@ -241,6 +286,7 @@ def write_report(run_dir: str | Path) -> Path:
 <p class="sub">base model {html.escape(str(info.get("base_model")))} · steps
 {min(steps, default=0)}–{max(steps, default=0)} · written {datetime.now():%Y-%m-%d %H:%M}</p>
 <h2>Validation: first and latest evaluation</h2>{_summary_table(rows)}
+{_no_update(rows)}
 <div class="plots">{figures}</div>
 {trajectories}
 </body></html>"""

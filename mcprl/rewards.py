@@ -1,10 +1,21 @@
 """Rewards for groups of attempts: reference checks, RULER, or a weighted mix.
 
-- `reference_reward(trajectory, scenario)`: does the final answer match the scenario's expected
-  answer (exactly, or within its numeric tolerance), and/or did the attempt make the reference
-  tool calls? 0..1.
+- `reference_reward(trajectory, scenario)`: 0..1 from the scenario's reference, built so that the
+  correct answer dominates and the partial credit points toward it (`reward_parts` gives the
+  components):
+
+      answer correct                   -> 1
+      otherwise                        -> calls_weight  * (share of the reference calls made)
+                                        + report_weight * (the answer is a result the agent's
+                                                           own tool calls returned)
+
+  with `calls_weight` 0.3 and `report_weight` 0.1 by default (their sum must stay below 1, so no
+  wrong answer can score as much as a right one). A reference call counts once however often it
+  is repeated, so repeating a call earns nothing; the number of repeats is reported. A reference
+  with calls and no answer scores the share of calls made.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
-  reward from references, RULER, or both with weights, and records the parts as metrics.
+  reward from references, RULER, or both with weights, and records the parts as metrics
+  (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
 
 A judge failure is never a zero: with `drop_failed_groups`, the group is dropped with a logged
 reason; otherwise the error propagates.
@@ -19,11 +30,22 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from mcprl.scenarios import Reference, Scenario, normalize
 from mcprl.types import Trajectory, TrajectoryGroup
 from ruler import Judge, JudgeError
 
-__all__ = ["answer_matches", "calls_matched", "reference_reward", "scorer"]
+__all__ = [
+    "ReferenceReward",
+    "RewardParts",
+    "answer_matches",
+    "calls_matched",
+    "is_success",
+    "reference_reward",
+    "reward_parts",
+    "scorer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +97,11 @@ def _args_match(actual: Any, expected: Any, tolerance: float) -> bool:
     return actual == expected
 
 
-def _made_calls(trajectory: Trajectory) -> list[tuple[str, Any]]:
+def _made_calls(trajectory: Trajectory) -> list[tuple[str, Any, str | None]]:
+    """(tool, arguments, result text or None for an error) per call, in order."""
+    results = {
+        m.get("tool_call_id"): m.get("content") for m in trajectory.messages if m["role"] == "tool"
+    }
     calls = []
     for m in trajectory.messages:
         for c in m.get("tool_calls") or []:
@@ -83,41 +109,108 @@ def _made_calls(trajectory: Trajectory) -> list[tuple[str, Any]]:
                 args = json.loads(c["function"].get("arguments") or "{}")
             except json.JSONDecodeError:
                 args = None
-            calls.append((c["function"]["name"], args))
+            text = results.get(c.get("id"))
+            ok = isinstance(text, str) and not text.startswith("Error")
+            calls.append((c["function"]["name"], args, text if ok else None))
     return calls
 
 
 def calls_matched(trajectory: Trajectory, reference: Reference) -> float:
-    """The fraction of reference calls the attempt made (same tool, matching arguments)."""
+    """The share of reference calls the attempt made (same tool, matching arguments), each once."""
     if not reference.calls:
         return 0.0
     made = _made_calls(trajectory)
     tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
     hits = sum(
-        any(n == ref.tool and _args_match(a, ref.arguments, tolerance) for n, a in made)
+        any(n == ref.tool and _args_match(a, ref.arguments, tolerance) for n, a, _ in made)
         for ref in reference.calls
     )
     return hits / len(reference.calls)
 
 
-def reference_reward(
-    trajectory: Trajectory,
-    scenario: Scenario,
-    *,
-    answer_weight: float = 1.0,
-    calls_weight: float = 0.0,
-) -> float:
-    """0..1 from the scenario's reference; raises if the scenario has none."""
+def _reported_result(trajectory: Trajectory, reference: Reference) -> bool:
+    """The final answer is what one of the attempt's own (non-error) tool calls returned."""
+    answer = trajectory.final_answer()
+    if answer is None:
+        return False
+    tolerance = reference.tolerance if reference.tolerance is not None else 1e-9
+    for name, _, text in _made_calls(trajectory):
+        if text is None or name == "complete_task" or not text.strip():
+            continue
+        if answer_matches(answer, Reference(answer=text.strip(), tolerance=tolerance)):
+            return True
+    return False
+
+
+def _repeats(trajectory: Trajectory) -> int:
+    seen, repeats = set(), 0
+    for name, args, _ in _made_calls(trajectory):
+        key = (name, json.dumps(args, sort_keys=True))
+        repeats += key in seen
+        seen.add(key)
+    return repeats
+
+
+class ReferenceReward(BaseModel):
+    """The weights of the reference reward's partial credit (module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+    calls_weight: float = Field(default=0.3, ge=0, description="share of reference calls made")
+    report_weight: float = Field(default=0.1, ge=0, description="the answer is a tool result")
+
+    @model_validator(mode="after")
+    def _answer_dominates(self) -> ReferenceReward:
+        if self.calls_weight + self.report_weight >= 1:
+            raise ValueError(
+                f"calls_weight + report_weight is {self.calls_weight + self.report_weight:g}; "
+                "keep it below 1 so that a wrong answer never scores like a right one"
+            )
+        return self
+
+
+class RewardParts(BaseModel):
+    """The components of one attempt's reference reward."""
+
+    answer: float = Field(description="1 if the final answer matches the reference")
+    calls: float = Field(description="share of the reference calls made")
+    reported: float = Field(description="1 if the answer is one of the agent's tool results")
+    repeated_calls: float = Field(description="calls identical to an earlier one")
+    reward: float
+
+
+def reward_parts(
+    trajectory: Trajectory, scenario: Scenario, weights: ReferenceReward | None = None
+) -> RewardParts:
+    """The reference reward and its components; raises if the scenario has no reference."""
     ref = scenario.reference
     if ref is None or (ref.answer is None and not ref.calls):
         raise ValueError(f"scenario {scenario.id!r} has no reference answer or calls")
-    parts = []
-    if ref.answer is not None and answer_weight > 0:
-        parts.append((answer_weight, float(answer_matches(trajectory.final_answer(), ref))))
-    if ref.calls and (calls_weight > 0 or ref.answer is None):
-        parts.append((calls_weight or 1.0, calls_matched(trajectory, ref)))
-    total = sum(w for w, _ in parts)
-    return sum(w * v for w, v in parts) / total
+    w = weights or ReferenceReward()
+    calls = calls_matched(trajectory, ref)
+    repeats = float(_repeats(trajectory))
+    if ref.answer is None:  # calls are all there is to check
+        return RewardParts(
+            answer=0.0, calls=calls, reported=0.0, repeated_calls=repeats, reward=calls
+        )
+    answer = float(answer_matches(trajectory.final_answer(), ref))
+    reported = float(_reported_result(trajectory, ref))
+    reward = 1.0 if answer else w.calls_weight * calls + w.report_weight * reported
+    return RewardParts(
+        answer=answer, calls=calls, reported=reported, repeated_calls=repeats, reward=reward
+    )
+
+
+def reference_reward(
+    trajectory: Trajectory, scenario: Scenario, weights: ReferenceReward | None = None
+) -> float:
+    """0..1 from the scenario's reference (module docstring); raises if it has none."""
+    return reward_parts(trajectory, scenario, weights).reward
+
+
+def is_success(trajectory: Trajectory, scenario: Scenario) -> bool:
+    """The answer matches the reference (or, with no reference answer, every call was made)."""
+    parts = reward_parts(trajectory, scenario)
+    return (parts.answer if scenario.reference.answer is not None else parts.calls) >= 1.0
 
 
 def scorer(
@@ -126,7 +219,7 @@ def scorer(
     judge: Judge | None = None,
     reference_weight: float = 1.0,
     ruler_weight: float = 0.0,
-    calls_weight: float = 0.0,
+    reference: ReferenceReward | None = None,
     drop_failed_groups: bool = False,
 ) -> Callable[[TrajectoryGroup], Any]:
     """An `after_each` callback for `gather_groups` that sets rewards (see module docstring)."""
@@ -146,9 +239,15 @@ def scorer(
         if reference_weight > 0:
             if scenario is None or scenario.reference is None:
                 raise ValueError(f"no reference for scenario {group.scenario_id!r}")
-            ref_scores = [
-                reference_reward(t, scenario, calls_weight=calls_weight) for t in group.trajectories
-            ]
+            ref_parts = [reward_parts(t, scenario, reference) for t in group.trajectories]
+            ref_scores = [p.reward for p in ref_parts]
+            for t, p in zip(group.trajectories, ref_parts, strict=True):
+                t.metrics.update(
+                    reward_answer=p.answer,
+                    reward_calls=p.calls,
+                    reward_reported=p.reported,
+                    repeated_calls=p.repeated_calls,
+                )
         ruler_scores = None
         if ruler_weight > 0 and len(group.trajectories) >= 2:
             try:

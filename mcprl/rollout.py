@@ -3,10 +3,18 @@
     trajectory = await rollout(model, scenario, "example:calculator", RolloutConfig(max_turns=6))
 
 Each attempt opens its own MCP session (servers may keep per-session state), offers the server's
-tools as OpenAI function tools plus `complete_task(summary)`, and loops: one completion from the
+tools as OpenAI function tools plus `complete_task(answer)`, and loops: one completion from the
 policy, then every tool call it made, run through MCP. An unknown tool or bad arguments become an
 error tool message and the loop goes on. It stops when the agent calls `complete_task`, replies
 without a tool call, runs out of turns, or fills its context.
+
+Two defaults make the loop finishable by a small model (`RolloutConfig`, both switchable):
+
+- `force_final_answer`: the last turn is constrained to `complete_task` (a named tool choice), so
+  every attempt that reaches it ends with an answer instead of running out of turns;
+- `typed_answer`: `complete_task`'s `answer` argument is typed by what the scenario expects (a
+  JSON number where the reference answer is numeric, else a string), so constrained decoding
+  keeps it well-formed, and the reference reward checks exactly that argument.
 
 Works against any OpenAI-compatible endpoint. Where the endpoint returns token ids (mcprl's
 server, vLLM with `return_token_ids`), the trajectory is trainable; otherwise it is still valid
@@ -26,30 +34,50 @@ from mcprl.mcp import ToolInfo, open_session, openai_tools
 from mcprl.scenarios import Scenario
 from mcprl.types import Choice, Trajectory
 
-__all__ = ["COMPLETE_TASK", "RolloutConfig", "rollout"]
+__all__ = ["COMPLETE_TASK", "RolloutConfig", "answer_type", "complete_task_tool", "rollout"]
 
 logger = logging.getLogger(__name__)
 
 COMPLETE_TASK = "complete_task"
 
-_COMPLETE_TASK_TOOL = {
-    "type": "function",
-    "function": {
-        "name": COMPLETE_TASK,
-        "description": "Finish: call this once the task is done, with a short summary of what "
-        "you did and the final answer.",
-        "parameters": {
-            "type": "object",
-            "properties": {"summary": {"type": "string"}},
-            "required": ["summary"],
+AnswerType = Literal["number", "string"]
+
+
+def answer_type(scenario: Scenario) -> AnswerType:
+    """What `complete_task`'s answer should be: a number when the reference answer is one."""
+    ref = scenario.reference
+    if ref is None or ref.answer is None:
+        return "string"
+    try:
+        float(ref.answer)
+    except ValueError:
+        return "string"
+    return "number"
+
+
+def complete_task_tool(kind: AnswerType | None) -> dict[str, Any]:
+    """The `complete_task` function tool; `kind` None is the untyped `summary` form."""
+    if kind is None:
+        properties = {"summary": {"type": "string"}}
+        required, what = ["summary"], "a short summary of what you did and the final answer"
+    else:
+        hint = "the final answer, a number" if kind == "number" else "the final answer"
+        properties = {"answer": {"type": kind, "description": hint}}
+        required, what = ["answer"], hint
+    return {
+        "type": "function",
+        "function": {
+            "name": COMPLETE_TASK,
+            "description": f"Finish: call this once the task is done, with {what}.",
+            "parameters": {"type": "object", "properties": properties, "required": required},
         },
-    },
-}
+    }
+
 
 DEFAULT_SYSTEM_PROMPT = """\
 You are an assistant that completes tasks by calling tools. You have at most {max_turns} turns; \
 in each turn, call a tool. Use the tool results to work out the answer; do not guess. When the \
-task is done, call complete_task with a short summary that states the final answer."""
+task is done, call complete_task with the final answer{answer_hint}.{final_turn_rule}"""
 
 
 class RolloutConfig(BaseModel):
@@ -65,6 +93,15 @@ class RolloutConfig(BaseModel):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     seed: int | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    force_final_answer: bool = Field(
+        default=True,
+        description="the last turn must call complete_task (every attempt ends with an answer)",
+    )
+    typed_answer: bool = Field(
+        default=True,
+        description="complete_task(answer) typed by the scenario's expected answer "
+        "(number or string); False: the untyped complete_task(summary)",
+    )
 
 
 def _choice_record(choice: Any, index: int) -> Choice:
@@ -142,9 +179,10 @@ async def rollout(
             for t in await session.list_tools()
         ]
         by_name = {t.name: t for t in mcp_tools}
-        traj.tools = [*openai_tools(mcp_tools), _COMPLETE_TASK_TOOL]
+        kind = answer_type(scenario) if config.typed_answer else None
+        traj.tools = [*openai_tools(mcp_tools), complete_task_tool(kind)]
         traj.messages = [
-            {"role": "system", "content": _system_prompt(config)},
+            {"role": "system", "content": _system_prompt(config, kind)},
             {"role": "user", "content": f"Please complete this task: {scenario.task}"},
         ]
         traj.timings["setup_s"] = time.perf_counter() - started
@@ -172,8 +210,8 @@ async def rollout(
                 name = call.function.name
                 if name == COMPLETE_TASK:
                     args, error = _parse_arguments(call.function.arguments, None)
-                    summary = (args or {}).get("summary")
-                    traj.metadata["final_answer"] = str(summary) if summary is not None else None
+                    answer = (args or {}).get("answer", (args or {}).get("summary"))
+                    traj.metadata["final_answer"] = _answer_text(answer)
                     text = "Task marked complete." if error is None else error
                     done = error is None
                 elif name not in by_name:
@@ -203,9 +241,25 @@ async def rollout(
     return traj
 
 
-def _system_prompt(config: RolloutConfig) -> str:
+def _answer_text(answer: Any) -> str | None:
+    if answer is None:
+        return None
+    if isinstance(answer, float) and answer.is_integer():
+        return str(int(answer))
+    return answer if isinstance(answer, str) else json.dumps(answer)
+
+
+def _system_prompt(config: RolloutConfig, kind: AnswerType | None = None) -> str:
+    hint = {"number": " (a number)", "string": "", None: ""}[kind]
+    rule = ""
+    if config.force_final_answer and config.max_turns > 1:
+        rule = f" Your last turn (turn {config.max_turns}) must be complete_task."
     # replace, not format: a written prompt may hold braces of its own
-    return config.system_prompt.replace("{max_turns}", str(config.max_turns))
+    return (
+        config.system_prompt.replace("{max_turns}", str(config.max_turns))
+        .replace("{answer_hint}", hint)
+        .replace("{final_turn_rule}", rule)
+    )
 
 
 async def _single_turn(model: Any, scenario: Scenario, config: RolloutConfig, client: Any):
@@ -237,7 +291,10 @@ async def _complete(client: Any, served: str, traj: Trajectory, config: RolloutC
         "max_tokens": config.max_tokens,
     }
     if traj.tools:
-        kwargs.update(tools=traj.tools, tool_choice=config.tool_choice)
+        choice: Any = config.tool_choice
+        if config.force_final_answer and turn == config.max_turns - 1:
+            choice = {"type": "function", "function": {"name": COMPLETE_TASK}}
+        kwargs.update(tools=traj.tools, tool_choice=choice)
     if config.seed is not None:
         kwargs["seed"] = config.seed + turn
     if config.extra_body:

@@ -9,8 +9,12 @@
 scenarios are usable (and stores them with the run), that the model loads (resuming the run if it
 has checkpoints), and that the judge answers. `run` then repeats, up to `steps`:
 
-1. rollouts: `rollouts_per_group` attempts at each of `groups_per_step` training scenarios;
-2. judging: rewards from RULER, the scenarios' references, or both;
+1. rollouts: `rollouts_per_group` attempts at each of `groups_per_step` training scenarios,
+   drawn by `mcprl.curriculum.ScenarioSampler` (scenarios likely to give differing rewards, from
+   the easy end first);
+2. judging: rewards from RULER, the scenarios' references, or both. A group whose rewards tie
+   teaches nothing: another scenario is drawn in its place (dynamic sampling), until the step
+   has `groups_per_step` informative groups or has drawn `oversample` times that many;
 3. training: one GRPO step on the LoRA, checkpointed and served as `name@step`;
 
 and evaluates the val split before the first step (the baseline), every `eval_every` steps and
@@ -23,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,14 +36,16 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from mcprl._defaults import configured_llm
+from mcprl.curriculum import ScenarioSampler, is_informative
 from mcprl.errors import PreflightError
-from mcprl.evaluate import collect_groups, has_reference, score_groups, summarize
+from mcprl.evaluate import SEED_STRIDE, collect_groups, has_reference, score_groups, summarize
 from mcprl.mcp import ServerInfo, inspect_server
 from mcprl.model import TrainableModel
-from mcprl.rewards import scorer
+from mcprl.rewards import ReferenceReward, scorer
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet
 from mcprl.training import TrainConfig
+from mcprl.types import TrajectoryGroup, read_groups
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError, Usage
 
 __all__ = ["RunConfig", "RunSummary", "TrainingRun"]
@@ -63,13 +68,19 @@ class RunConfig(BaseModel):
     eval_every: int = Field(default=5, ge=0, description="0: baseline and final only")
     val_attempts: int = Field(default=2, ge=1, description="attempts per val scenario")
     max_val_scenarios: int | None = Field(default=None, ge=1)
-    reward: RewardMode = "auto"
-    calls_weight: float = Field(
-        default=0.5,
-        ge=0,
-        description="reference reward: weight of the reference calls made, "
-        "next to the answer's 1 (partial credit for the right tool calls)",
+    sampling: Literal["curriculum", "uniform"] = Field(
+        default="curriculum",
+        description="curriculum: scenarios likely to give differing rewards, easy first; "
+        "uniform: every training scenario alike",
     )
+    oversample: float = Field(
+        default=2.0,
+        ge=1.0,
+        description="draw up to this many times groups_per_step scenarios to replace groups "
+        "whose rewards tie (dynamic sampling); 1 disables",
+    )
+    reward: RewardMode = "auto"
+    reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
     judge: str | None = Field(default=None, description="LiteLLM model; None: see module doc")
     judge_api_base: str | None = None
     rubric: str = DEFAULT_RUBRIC
@@ -97,6 +108,7 @@ class RunSummary(BaseModel):
     final: dict[str, float] = Field(default_factory=dict)
     final_step: int | None = None
     times: dict[str, float] = Field(default_factory=dict)
+    steps_without_update: int = Field(default=0, description="every group tied: nothing learned")
     report: str | None = None
 
 
@@ -154,6 +166,9 @@ class TrainingRun:
             await self._ping_judge()
             self.say(f"✓ judge {self.judge.model} answers")
         self.say(f"  reward: {self.reward}")
+        self.by_id = {s.id: s for s in self.scenarios}
+        self.score = self._scorer()
+        self.sampler = self._sampler()
 
     async def _resolve_scenarios(self, given, make) -> ScenarioSet:
         stored = self.run_dir / "scenarios.jsonl"
@@ -246,8 +261,6 @@ class TrainingRun:
             last_step=start,
             target_steps=config.steps,
         )
-        self.by_id = {s.id: s for s in self.scenarios}
-        self.score = self._scorer()
         with anyio.CancelScope() as self._scope:
             if self._stop:
                 self._scope.cancel()
@@ -271,9 +284,18 @@ class TrainingRun:
             judge=self.judge,
             reference_weight=weights[0],
             ruler_weight=weights[1],
-            calls_weight=self.config.calls_weight,
+            reference=self.config.reference_reward,
             drop_failed_groups=True,
         )
+
+    def _sampler(self) -> ScenarioSampler:
+        """The training-scenario sampler, with the groups of every step so far replayed."""
+        sampler = ScenarioSampler(
+            self.scenarios.train, seed=self.config.seed, uniform=self.config.sampling == "uniform"
+        )
+        for path in sorted((self.run_dir / "trajectories" / "train").glob("*.jsonl")):
+            sampler.observe(read_groups(path))
+        return sampler
 
     def _has_val(self, step: int) -> bool:
         store = self.backend.store(self.model)
@@ -286,39 +308,79 @@ class TrainingRun:
 
     async def _step(self, summary: RunSummary) -> None:
         config, step = self.config, self.backend.step(self.model) + 1
-        batch = _pick(self.scenarios.train.scenarios, step, config.groups_per_step, config.seed)
-        t0 = time.perf_counter()
-        groups = await self._collect(
-            batch,
-            config.rollouts_per_group,
-            config.seed + step * 1_000_000,
-            f"step {step} rollouts",
-        )
-        t1 = time.perf_counter()
-        groups = await score_groups(
-            groups, self.score, desc=f"step {step} judging", progress=self.progress
-        )
-        t2 = time.perf_counter()
+        groups, counts, times = await self._draw_groups(step)
         stats = summarize(groups, self.by_id)
         extra = {f"train/{k}": v for k, v in stats.items() if k not in ("reward", "reward_std")}
-        extra |= {"time/rollout_s": t1 - t0, "time/judge_s": t2 - t1}
+        extra |= {f"train/{k}": v for k, v in counts.items()}
+        extra |= {"time/rollout_s": times["rollout"], "time/judge_s": times["judge"]}
         with _Bar(f"step {step} training", self.progress) as bar:
             result = await self.backend.train(
                 self.model, groups, config.train, metrics=extra, on_progress=bar.update
             )
         m = result.metrics
-        times = {"rollout": t1 - t0, "judge": t2 - t1, "train": m.get("time_train_s", 0.0)}
+        times["train"] = m.get("time_train_s", 0.0)
         for k, v in times.items():
             summary.times[k] = summary.times.get(k, 0.0) + v
+        if m.get("skipped_update"):
+            summary.steps_without_update += 1
         self.say(
             f"step {result.step}/{config.steps}: reward {m.get('reward_mean', math.nan):.3f} "
             f"± {m.get('reward_std', math.nan):.3f}"
             + (f", success {stats['success']:.0%}" if "success" in stats else "")
-            + f", {len(groups)} groups"
+            + f", {counts['groups_trained']:.0f} groups trained"
+            + f" ({counts['groups_drawn']:.0f} drawn, {counts['groups_tied']:.0f} tied)"
             + (" (no signal: no update)" if m.get("skipped_update") else "")
             + f" | rollouts {times['rollout']:.0f} s, judge {times['judge']:.0f} s, "
             f"train {times['train']:.0f} s"
         )
+
+    async def _draw_groups(
+        self, step: int
+    ) -> tuple[list[TrajectoryGroup], dict[str, float], dict[str, float]]:
+        """Roll out and score groups until `groups_per_step` differ or the draw budget is spent.
+
+        Returns the informative groups followed by the tied ones (kept for the record; the
+        trainer skips them), the counts, and the rollout and judge wall times.
+        """
+        config = self.config
+        wanted = config.groups_per_step
+        budget = max(wanted, math.floor(wanted * config.oversample))
+        kept: list[TrajectoryGroup] = []
+        tied: list[TrajectoryGroup] = []
+        drawn: list[str] = []
+        times = {"rollout": 0.0, "judge": 0.0}
+        while len(kept) < wanted and len(drawn) < budget:
+            k = min(wanted - len(kept), budget - len(drawn))
+            batch = self.sampler.draw(k, step=step, round_index=len(drawn), exclude=drawn)
+            if not batch:
+                break
+            again = f" (redraw {len(drawn)}/{budget})" if drawn else ""
+            t0 = time.perf_counter()
+            # every attempt of the step has its own seed, also across redraws
+            seed = (
+                config.seed
+                + step * 1_000_000
+                + len(drawn) * config.rollouts_per_group * SEED_STRIDE
+            )
+            groups = await self._collect(
+                batch, config.rollouts_per_group, seed, f"step {step} rollouts{again}"
+            )
+            t1 = time.perf_counter()
+            groups = await score_groups(
+                groups, self.score, desc=f"step {step} judging", progress=self.progress
+            )
+            times["rollout"] += t1 - t0
+            times["judge"] += time.perf_counter() - t1
+            drawn += [s.id for s in batch]
+            self.sampler.observe(groups)
+            for g in groups:
+                (kept if is_informative(g) else tied).append(g)
+        counts = {
+            "groups_drawn": float(len(drawn)),
+            "groups_tied": float(len(tied)),
+            "groups_trained": float(len(kept)),
+        }
+        return kept + tied, counts | self.sampler.summary(), times
 
     async def _collect(self, scenarios: list[Scenario], attempts: int, seed: int, desc: str):
         return await collect_groups(
@@ -379,17 +441,6 @@ def local_judge(base_model: str, base_url: str, rubric: str = DEFAULT_RUBRIC) ->
 
 def _ids(scenarios: ScenarioSet) -> set[str]:
     return {s.id for s in scenarios}
-
-
-def _pick(train: list[Scenario], step: int, k: int, seed: int) -> list[Scenario]:
-    """The training scenarios of `step`: epochs of seeded shuffles, so resuming repeats them."""
-    out = []
-    for j in range((step - 1) * k, step * k):
-        epoch, pos = divmod(j, len(train))
-        order = list(train)
-        random.Random(seed * 7919 + epoch).shuffle(order)
-        out.append(order[pos])
-    return out
 
 
 def _describe(metrics: dict[str, float]) -> str:

@@ -254,6 +254,80 @@ async def test_trajectory_groups_round_trip_through_jsonl(calculator, tmp_path):
     assert [g.model_dump() for g in loaded] == [group.model_dump(), group.model_dump()]
 
 
+async def test_the_last_turn_is_forced_to_complete_task_with_a_typed_answer(calculator):
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("complete_task", {"answer": 42.0})),
+    )
+    t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=2), client=policy)
+    first, last = policy.requests
+    assert first["tool_choice"] == "required"
+    assert last["tool_choice"] == {"type": "function", "function": {"name": "complete_task"}}
+    finish = next(x for x in last["tools"] if x["function"]["name"] == "complete_task")
+    assert finish["function"]["parameters"]["properties"]["answer"]["type"] == "number"
+    assert "turn 2) must be complete_task" in t.messages[0]["content"]
+    assert "(a number)" in t.messages[0]["content"]
+    assert t.final_answer() == "42" and t.metrics["completed"] == 1
+    assert reference_reward(t, SCENARIO) == 1.0
+
+
+async def test_text_answers_and_the_switches_of_the_final_turn(calculator):
+    text = Scenario(id="t", task="Who?", difficulty=1, reference=Reference(answer="Mary Shelley"))
+    policy = ScriptedPolicy(reply(call("complete_task", {"answer": "It was Mary Shelley"})))
+    t = await rollout(MODEL, text, calculator, RolloutConfig(max_turns=3), client=policy)
+    finish = t.tools[-1]["function"]["parameters"]["properties"]
+    assert finish["answer"]["type"] == "string" and reference_reward(t, text) == 1.0
+
+    plain = RolloutConfig(max_turns=2, force_final_answer=False, typed_answer=False)
+    policy = ScriptedPolicy(reply(call("add", {"a": 1, "b": 1})))
+    t = await rollout(MODEL, SCENARIO, calculator, plain, client=policy)
+    assert [r["tool_choice"] for r in policy.requests] == ["required", "required"]
+    assert "summary" in t.tools[-1]["function"]["parameters"]["properties"]
+    assert (
+        t.metrics["ran_out_of_turns"] == 1
+        and "must be complete_task" not in t.messages[0]["content"]
+    )
+
+
+def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
+    from mcprl.rewards import ReferenceReward, reward_parts
+
+    def attempt(*turns: tuple[str, dict, str]) -> Trajectory:
+        messages = [{"role": "user", "content": "What is 6 times 7?"}]
+        for name, args, result in turns:
+            c = call(name, args)
+            messages.append({"role": "assistant", "content": None, "tool_calls": [c]})
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
+        answer = turns[-1][1].get("answer") if turns[-1][0] == "complete_task" else None
+        return Trajectory(messages=messages, metadata={"final_answer": answer})
+
+    right = attempt(("multiply", {"a": 6, "b": 7}, "42"), ("complete_task", {"answer": "42"}, ""))
+    lucky = attempt(("complete_task", {"answer": "42"}, ""))
+    called = attempt(("multiply", {"a": 6, "b": 7}, "42"), ("complete_task", {"answer": "7"}, ""))
+    copied = attempt(("add", {"a": 6, "b": 7}, "13"), ("complete_task", {"answer": "13"}, ""))
+    erred = attempt(("divide", {"a": 6, "b": 0}, "Error: division by zero"),
+                    ("complete_task", {"answer": "0"}, ""))  # fmt: skip
+    repeated = attempt(
+        ("multiply", {"a": 6, "b": 7}, "42"),
+        ("multiply", {"a": 6, "b": 7}, "42"),
+        ("complete_task", {"answer": "7"}, ""),
+    )
+    scores = {
+        n: reward_parts(t, SCENARIO) for n, t in locals().items() if isinstance(t, Trajectory)
+    }
+    assert scores["right"].reward == scores["lucky"].reward == 1.0
+    assert scores["called"].reward == pytest.approx(0.3)  # the reference call, no answer
+    assert scores["copied"].reward == pytest.approx(0.1)  # reported its own tool's result
+    assert scores["erred"].reward == 0.0  # an error is not a result
+    assert scores["repeated"].reward == scores["called"].reward  # repeating earns nothing
+    assert scores["repeated"].repeated_calls == 1
+    assert max(s.reward for s in scores.values() if not s.answer) < 1.0
+    custom = reward_parts(called, SCENARIO, ReferenceReward(calls_weight=0.6, report_weight=0))
+    assert custom.reward == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="keep it below 1"):
+        ReferenceReward(calls_weight=0.7, report_weight=0.3)
+
+
 def test_reference_answers_numbers_and_text():
     ref = Reference(answer="42.1648128", tolerance=0.001)
     assert answer_matches("About 42.16 km.", ref)

@@ -9,7 +9,7 @@ import pytest
 from mcprl.cli import main
 from mcprl.errors import PreflightError
 from mcprl.scenarios import Reference, Scenario, ScenarioSet
-from mcprl.train import RunConfig, TrainingRun, _pick
+from mcprl.train import RunConfig, TrainingRun
 from tests.helpers import LocalChatServer, chat_completion
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,14 +38,6 @@ def _scenarios(n: int = 8, reference: bool = True) -> ScenarioSet:
     items = [Scenario(id=f"s{i}", task=f"Add 2 and {i}.", difficulty=1, reference=ref)
              for i in range(n)]  # fmt: skip
     return ScenarioSet(items).with_split(0.25, seed=0)
-
-
-def test_each_step_takes_new_scenarios_until_the_train_split_is_used_up():
-    train = list(_scenarios(12).train)
-    first_epoch = [s.id for step in (1, 2, 3) for s in _pick(train, step, 3, seed=0)]
-    assert sorted(first_epoch) == sorted(s.id for s in train)
-    assert _pick(train, 2, 3, seed=0) == _pick(train, 2, 3, seed=0)  # resuming repeats it
-    assert _pick(train, 4, 3, seed=0) != _pick(train, 4, 3, seed=1)
 
 
 def test_a_bad_scenario_file_fails_before_the_model_loads(tmp_path, capsys):

@@ -1,0 +1,118 @@
+"""Which training scenarios a step draws: the ones whose groups are likely to teach something.
+
+GRPO learns only from groups whose attempts score differently: a scenario the policy always
+solves, or never does, gives a group of equal rewards and no update. `ScenarioSampler` tracks
+each scenario's groups across steps and draws, for each step, scenarios in proportion to the
+estimated chance that their next group differs:
+
+    P(informative) = (informative groups + 2 * prior) / (groups + 2)
+
+a Beta posterior mean whose prior falls with difficulty (0.8 for difficulty 1 down to 0.2 for
+difficulty 5), so a run starts from the easy end and moves on as the easy tasks stop teaching.
+A floor (`min_weight`) keeps every scenario drawable, so one that stopped teaching can come back.
+`uniform=True` draws every scenario with the same weight (the baseline this is measured against).
+Draws are weighted, without replacement, and seeded by (seed, step, round): a resumed run that
+replays the same history draws the same scenarios.
+
+The training loop uses it with *dynamic sampling* (DAPO): when a drawn group ties, it draws
+another scenario, within `oversample` times the groups a step asks for (see `mcprl.train`).
+
+    sampler = ScenarioSampler(scenarios.train, seed=0)
+    sampler.observe(groups)                       # every scored training group, every step
+    batch = sampler.draw(4, step=3)                # scenarios for step 3
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from mcprl.scenarios import Scenario
+from mcprl.types import TrajectoryGroup
+
+__all__ = ["ScenarioSampler", "ScenarioStats", "is_informative"]
+
+# prior chance that a group at each difficulty differs: start easy
+_PRIOR = {1: 0.8, 2: 0.6, 3: 0.4, 4: 0.3, 5: 0.2}
+_PRIOR_STRENGTH = 2.0
+
+
+def is_informative(group: TrajectoryGroup) -> bool:
+    """Its rewards are not all equal (GRPO has something to learn from it)."""
+    rewards = [t.reward for t in group.trajectories if t.reward is not None]
+    return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-9
+
+
+@dataclass
+class ScenarioStats:
+    """What the training groups of one scenario did so far."""
+
+    groups: int = 0
+    informative: int = 0
+    attempts: int = 0
+    successes: int = 0
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.attempts if self.attempts else math.nan
+
+
+class ScenarioSampler:
+    """Draws training scenarios by their chance of giving an informative group (module doc)."""
+
+    def __init__(
+        self,
+        scenarios: Iterable[Scenario],
+        *,
+        seed: int = 0,
+        min_weight: float = 0.05,
+        uniform: bool = False,
+    ) -> None:
+        self.scenarios = list(scenarios)
+        if not self.scenarios:
+            raise ValueError("the sampler needs at least one scenario")
+        self.seed = seed
+        self.min_weight = min_weight
+        self.uniform = uniform
+        self.stats = {s.id: ScenarioStats() for s in self.scenarios}
+
+    def observe(self, groups: Iterable[TrajectoryGroup]) -> None:
+        """Record scored groups (unknown scenario ids are ignored)."""
+        for g in groups:
+            stats = self.stats.get(g.scenario_id or "")
+            if stats is None or not g.trajectories:
+                continue
+            stats.groups += 1
+            stats.informative += is_informative(g)
+            stats.attempts += len(g.trajectories)
+            stats.successes += sum(t.metrics.get("success", 0.0) >= 1.0 for t in g.trajectories)
+
+    def weight(self, scenario: Scenario) -> float:
+        """The estimated chance that the scenario's next group is informative (floored)."""
+        if self.uniform:
+            return 1.0
+        s = self.stats[scenario.id]
+        prior = _PRIOR.get(scenario.difficulty, 0.5)
+        p = (s.informative + _PRIOR_STRENGTH * prior) / (s.groups + _PRIOR_STRENGTH)
+        return max(p, self.min_weight)
+
+    def draw(
+        self, k: int, *, step: int, round_index: int = 0, exclude: Sequence[str] = ()
+    ) -> list[Scenario]:
+        """`k` distinct scenarios (fewer if fewer remain), weighted; seeded by step and round."""
+        rng = random.Random(f"{self.seed}/{step}/{round_index}")
+        pool = [s for s in self.scenarios if s.id not in set(exclude)]
+        # weighted sampling without replacement (Efraimidis-Spirakis keys u^(1/w))
+        keyed = sorted(pool, key=lambda s: rng.random() ** (1.0 / self.weight(s)), reverse=True)
+        return keyed[:k]
+
+    def summary(self) -> dict[str, float]:
+        """Scenarios seen, and how many of them look solved, unsolved or informative so far."""
+        seen = [s for s in self.stats.values() if s.groups]
+        return {
+            "scenarios_seen": float(len(seen)),
+            "scenarios_always_solved": float(sum(s.success_rate == 1.0 for s in seen)),
+            "scenarios_never_solved": float(sum(s.success_rate == 0.0 for s in seen)),
+        }

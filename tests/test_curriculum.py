@@ -1,0 +1,185 @@
+"""Steps that carry signal: the scenario sampler, and dynamic sampling in the training loop.
+
+The policy is a scripted OpenAI-compatible endpoint on loopback and the backend a recording
+double, so these run in seconds: what is checked is which scenarios a step draws and trains on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mcprl.curriculum import ScenarioSampler, is_informative
+from mcprl.scenarios import Reference, Scenario, ScenarioSet
+from mcprl.train import RunConfig, TrainingRun
+from mcprl.types import Trajectory, TrajectoryGroup, write_groups
+from tests.helpers import LocalChatServer, load_example
+
+
+def _scenario(sid: str, difficulty: int = 1, answer: str = "5") -> Scenario:
+    return Scenario(
+        id=sid,
+        task=f"Task {sid}: add 2 and 3.",
+        difficulty=difficulty,
+        reference=Reference(answer=answer),
+    )
+
+
+def _group(sid: str, rewards: list[float]) -> TrajectoryGroup:
+    return TrajectoryGroup(
+        scenario_id=sid,
+        trajectories=[Trajectory(reward=r, metrics={"success": float(r >= 1)}) for r in rewards],
+    )
+
+
+def test_a_group_is_informative_only_when_its_rewards_differ():
+    assert is_informative(_group("a", [1.0, 0.0]))
+    assert not is_informative(_group("a", [0.3, 0.3, 0.3]))
+    assert not is_informative(_group("a", [1.0]))
+
+
+def test_the_sampler_starts_easy_and_leaves_scenarios_that_stopped_teaching():
+    scenarios = [_scenario(f"e{i}", 1) for i in range(4)] + [
+        _scenario(f"h{i}", 5) for i in range(4)
+    ]
+    sampler = ScenarioSampler(scenarios, seed=0)
+    first = [s.id for step in range(1, 41) for s in sampler.draw(2, step=step)]
+    easy = sum(sid.startswith("e") for sid in first)
+    assert easy > 0.65 * len(first)  # prior 0.8 vs 0.2: easy tasks come first
+
+    for _ in range(6):  # the easy ones are now always solved: ties, no signal
+        sampler.observe([_group(f"e{i}", [1.0, 1.0, 1.0]) for i in range(4)])
+        sampler.observe([_group(f"h{i}", [1.0, 0.0, 0.0]) for i in range(4)])
+    later = [s.id for step in range(41, 81) for s in sampler.draw(2, step=step)]
+    assert sum(sid.startswith("h") for sid in later) > 0.7 * len(later)
+    assert sampler.summary()["scenarios_always_solved"] == 4
+
+
+def test_draws_are_distinct_seeded_and_exclude_what_was_drawn():
+    sampler = ScenarioSampler([_scenario(f"s{i}") for i in range(6)], seed=3)
+    batch = sampler.draw(4, step=2)
+    assert len({s.id for s in batch}) == 4
+    assert [s.id for s in batch] == [s.id for s in sampler.draw(4, step=2)]  # resume repeats it
+    rest = sampler.draw(4, step=2, round_index=4, exclude=[s.id for s in batch])
+    assert len(rest) == 2 and not {s.id for s in rest} & {s.id for s in batch}
+    uniform = ScenarioSampler([_scenario("a", 1), _scenario("b", 5)], uniform=True)
+    assert uniform.weight(uniform.scenarios[0]) == uniform.weight(uniform.scenarios[1])
+
+
+# -- dynamic sampling in the loop, with a scripted policy ------------------------------------
+
+
+def _policy(body: dict) -> tuple[int, dict]:
+    """Solves `mixed` tasks on odd seeds only; answers `tie` tasks wrong every time."""
+    task = body["messages"][1]["content"]
+    answer = 5 if "mixed" in task and body.get("seed", 0) // 1000 % 2 else 7
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "complete_task", "arguments": json.dumps({"answer": answer})},
+    }
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+        "finish_reason": "tool_calls",
+        "token_ids": [1, 2],
+        "prompt_token_ids": [3],
+        "mcprl": {"model_logprobs": [-0.5, -0.5], "token_logprobs": [-0.5, -0.5]},
+    }
+    return 200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                 "choices": [choice]}  # fmt: skip
+
+
+class RecordingBackend:
+    """Serves the scripted policy; `train` records the groups it is given."""
+
+    def __init__(self, path: Path, base_url: str) -> None:
+        self.path, self.base_url = path, base_url
+        self.trained: list[list[TrajectoryGroup]] = []
+        self.rows: list[dict] = []
+
+    def register(self, model) -> None:
+        pass
+
+    def step(self, model) -> int:
+        return len(self.trained)
+
+    def endpoint(self, model):
+        return self.base_url, "local"
+
+    async def train(self, model, groups, config, *, metrics=None, on_progress=None):
+        from mcprl.backends import TrainResult
+
+        self.trained.append(groups)
+        step = len(self.trained)
+        write_groups(self.path / "default" / "agent" / "trajectories" / "train" / f"{step:04d}.jsonl",
+                     groups)  # fmt: skip
+        skipped = not any(is_informative(g) for g in groups)
+        self.rows.append(metrics or {})
+        return TrainResult(step=step, metrics={"reward_mean": 0.0, "skipped_update": skipped})
+
+    def log(self, model, metrics, split, groups=None) -> None:
+        pass
+
+    def store(self, model):
+        class Store:
+            def history(self):
+                return [{"step": 0, "val/attempts": 1.0}]
+
+        return Store()
+
+
+@pytest.mark.anyio
+async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path):
+    tie = [_scenario(f"tie{i}") for i in range(6)]
+    mixed = [_scenario(f"mixed{i}") for i in range(2)]
+    scenarios = ScenarioSet([*tie, *mixed, _scenario("val")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "val" else "train"
+    calculator = load_example("calculator").server
+    with LocalChatServer(_policy) as policy:
+        backend = RecordingBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
+                           eval_every=0, reward="reference", write_report=False)  # fmt: skip
+        run = TrainingRun(config, calculator, backend, say=lambda _: None, progress=False)
+        await run.prepare(scenarios)
+        await run._step(run_summary := _summary(run))
+    (groups,) = backend.trained
+    informative = [g for g in groups if is_informative(g)]
+    # both `mixed` scenarios were found and trained, however many ties were drawn first
+    assert sorted(g.scenario_id for g in informative) == ["mixed0", "mixed1"]
+    row = backend.rows[0]
+    assert row["train/groups_trained"] == 2
+    assert row["train/groups_drawn"] == len(groups) <= 8
+    assert row["train/groups_tied"] == len(groups) - 2
+    assert run_summary.steps_without_update == 0
+
+
+@pytest.mark.anyio
+async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
+    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(4)] + [_scenario("tv")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "tv" else "train"
+    calculator = load_example("calculator").server
+    said: list[str] = []
+    with LocalChatServer(_policy) as policy:
+        backend = RecordingBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1.5,
+                           eval_every=0, reward="reference", write_report=False)  # fmt: skip
+        run = TrainingRun(config, calculator, backend, say=said.append, progress=False)
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+    assert backend.rows[0]["train/groups_drawn"] == 3  # 2 × 1.5: the budget holds
+    assert backend.rows[0]["train/groups_trained"] == 0
+    assert summary.steps_without_update == 1
+    assert "no signal: no update" in said[-1]
+
+
+def _summary(run: TrainingRun):
+    from mcprl.train import RunSummary
+
+    return RunSummary(project="p", name="n", run_dir=str(run.run_dir), reward=run.reward,
+                      judge=None, first_step=0, last_step=0, target_steps=1)  # fmt: skip
