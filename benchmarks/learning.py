@@ -1,24 +1,28 @@
-"""Does training help? The default tiny model on the calculator example, offline, fixed seeds.
+"""Does training help? `mcprl train` as a user runs it, then `mcprl eval` over held-out seeds.
 
-    python benchmarks/learning.py --steps 8 --seeds 3
+    python benchmarks/learning.py                                  # the default run, calculator
+    python benchmarks/learning.py --server example:catalog
+    python benchmarks/learning.py --variant lr1e-3="--lr 1e-3" --variant flat="--sampling uniform"
 
-The calculator server runs over HTTP on loopback; the curated scenarios (scenarios/calculator.jsonl,
-36 train, 12 val) are the data. The script
+For each variant (a name and extra `mcprl train` flags; `default` is the command with no flags):
 
-1. evaluates the base model on the val split with each of `--seeds` sampling seeds: the mean and
-   the seed-to-seed spread (sample standard deviation) of val success and reward;
-2. trains with `mcprl train`'s loop (`mcprl.train.TrainingRun`) for `--steps` steps, once with the
-   reference reward and once with RULER judged by the local base model (no adapter);
-3. evaluates each trained adapter with the same seeds, and prints how far it is from the base
-   model in units of the base model's spread, with the wall time of each run.
+1. `mcprl train SERVER --path DIR --name VARIANT FLAGS` runs in a subprocess, exactly the
+   command a user types, and its wall time is taken;
+2. `mcprl eval SERVER --model base --model VARIANT --seed S` compares the base model and the
+   trained adapter on the val split, once per evaluation seed (`--seeds`, from 1000: seeds that
+   training never used), with the same attempts per scenario as the run's own evaluations.
 
-Results go to `benchmarks/results/learning.json`; `benchmarks/RESULTS.md` keeps the table.
+It prints, per variant, val success and reward as mean ± sd over the seeds, the difference to the
+base model in points and in units of the base model's seed-to-seed sd, the run's wall time and
+its in-loop history (val success per evaluation, groups trained per step). Results go to
+`benchmarks/results/learning-<server>.json`; `benchmarks/RESULTS.md` keeps the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -26,140 +30,134 @@ import tempfile
 import time
 from pathlib import Path
 
-import anyio
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import describe_machine  # noqa: E402
-from mcprl.backends import LocalBackend  # noqa: E402
-from mcprl.evaluate import evaluate_models  # noqa: E402
-from mcprl.model import Model  # noqa: E402
-from mcprl.rollout import RolloutConfig  # noqa: E402
-from mcprl.scenarios import ScenarioSet  # noqa: E402
-from mcprl.train import RunConfig, TrainingRun  # noqa: E402
-from mcprl.training import TrainConfig  # noqa: E402
-from tests.helpers import free_port  # noqa: E402
-
-BASE = "smollm2-135m"
 
 
-def _spread(values: list[float]) -> float:
+def _mcprl(*args: str, log: Path) -> float:
+    """Run the `mcprl` CLI; return its wall time. Output goes to `log` (and errors raise)."""
+    started = time.perf_counter()
+    with log.open("a", encoding="utf-8") as out:
+        out.write(f"\n$ mcprl {shlex.join(args)}\n")
+        out.flush()
+        done = subprocess.run(
+            [sys.executable, "-m", "mcprl.cli", *args], stdout=out, stderr=subprocess.STDOUT
+        )
+    if done.returncode != 0:
+        raise SystemExit(f"mcprl {shlex.join(args)} failed (exit {done.returncode}); see {log}")
+    return time.perf_counter() - started
+
+
+def _eval(server: str, path: Path, project: str, models: list[str], seed: int, log: Path,
+          attempts: int) -> dict[str, dict[str, float]]:  # fmt: skip
+    out = path / "evals" / f"seed{seed}-{'-'.join(models)}"
+    named = [a for m in models for a in ("--model", m)]
+    _mcprl("eval", server, "--path", str(path), "--project", project, *named, "--seed", str(seed),
+           "--attempts", str(attempts), "--output", str(out), "-q", log=log)  # fmt: skip
+    (results,) = out.glob("*/results.json")
+    return {row["model"]: row["metrics"] for row in json.loads(results.read_text())}
+
+
+def _sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-async def _evaluate(model, val, server, rollout, seeds, attempts) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"success": [], "reward": []}
-    for seed in seeds:
-        rows, _ = await evaluate_models(
-            [model], val, server, rollout, attempts=attempts, seed=seed, progress=False
-        )
-        for key in out:
-            out[key].append(rows[0].metrics.get(key, 0.0))
-    return out
+def _history(run_dir: Path) -> dict[str, list]:
+    rows = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    return {
+        "val_success": [(r["step"], r.get("val/success")) for r in rows if "val/attempts" in r],
+        "train_success": [(r["step"], r.get("train/success")) for r in rows if "train/groups" in r],
+        "groups_trained": [
+            (r["step"], r.get("train/groups_trained")) for r in rows if "train/groups" in r
+        ],
+        "no_update_steps": [r["step"] for r in rows if r.get("train/skipped_update")],
+    }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--seeds", type=int, default=3, help="evaluation seeds (the spread)")
-    p.add_argument("--groups-per-step", type=int, default=4)
-    p.add_argument("--rollouts-per-group", type=int, default=8)
-    p.add_argument("--val-attempts", type=int, default=2)
-    p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--rewards", default="reference,ruler")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "learning.json"))
+    p.add_argument("--server", default="example:calculator")
+    p.add_argument("--seeds", type=int, default=3, help="evaluation seeds (1000, 1001, ...)")
+    p.add_argument("--attempts", type=int, default=2, help="eval attempts per val scenario")
+    p.add_argument(
+        "--variant",
+        action="append",
+        metavar="NAME=FLAGS",
+        help="a run with extra `mcprl train` flags (repeatable; default: one run, no flags)",
+    )
+    p.add_argument("--path", help="where the runs go (default: a temporary directory)")
+    p.add_argument("--out", help="results JSON (default benchmarks/results/learning-<server>.json)")
     args = p.parse_args()
 
-    port = free_port()
-    server_proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "examples" / "servers" / "calculator.py"), "--http", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    server = f"http://127.0.0.1:{port}/mcp"
-    time.sleep(3)
-    scenarios = ScenarioSet.load(ROOT / "scenarios" / "calculator.jsonl")
-    val = list(scenarios.val)
-    rollout = RolloutConfig(max_turns=args.max_turns, max_tokens=args.max_tokens)
+    variants = dict(v.split("=", 1) for v in (args.variant or ["default="]))
+    slug = args.server.replace("example:", "").replace("/", "_").replace(":", "_")
+    out_file = Path(args.out or ROOT / "benchmarks" / "results" / f"learning-{slug}.json")
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = None if args.path else tempfile.TemporaryDirectory()
+    path = Path(args.path or tmp.name)
+    log = path / "learning.log"
+    path.mkdir(parents=True, exist_ok=True)
+    project = "learning"
+    results: dict = {"machine": describe_machine(), "server": args.server, "runs": {}}
     seeds = [1000 + i for i in range(args.seeds)]
-    results: dict = {"machine": describe_machine(), "args": vars(args), "runs": {}}
-    try:
-        with tempfile.TemporaryDirectory() as tmp, LocalBackend(tmp) as backend:
-            for reward in args.rewards.split(","):
-                config = RunConfig(
-                    project="learning",
-                    name=f"calc-{reward}",
-                    steps=args.steps,
-                    groups_per_step=args.groups_per_step,
-                    rollouts_per_group=args.rollouts_per_group,
-                    eval_every=0,
-                    val_attempts=args.val_attempts,
-                    reward=reward,
-                    seed=0,
-                    max_concurrency=16,
-                    rollout=rollout,
-                    train=TrainConfig(learning_rate=args.lr),
-                    write_report=False,
-                )
-                run = TrainingRun(config, server, backend, say=print, progress=False)
-                started = time.perf_counter()
-
-                async def go(run=run):
-                    await run.prepare(scenarios)
-                    return await run.run()
-
-                summary = anyio.run(go)
-                seconds = time.perf_counter() - started
-                if "base" not in results:  # the base model, on the same server and seeds
-                    base = Model(name=BASE, base_url=backend.base_url, api_key="local")
-                    results["base"] = anyio.run(
-                        _evaluate, base, val, server, rollout, seeds, args.val_attempts
-                    )
-                    print("base:", json.dumps(results["base"]), flush=True)
-                trained = Model(
-                    name=f"{config.name}@{summary.last_step}",
-                    base_url=backend.base_url,
-                    api_key="local",
-                )
-                results["runs"][reward] = {
-                    "seconds": seconds,
-                    "times": summary.times,
-                    "eval": anyio.run(
-                        _evaluate, trained, val, server, rollout, seeds, args.val_attempts
-                    ),
-                }
-                print(json.dumps(results["runs"][reward]), flush=True)
-                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-                Path(args.out).write_text(json.dumps(results, indent=2))  # so far
-    finally:
-        server_proc.terminate()
+    print(f"{results['machine']}\nruns in {path}, log {log}", flush=True)
+    for name, flags in variants.items():
+        train_args = ["train", args.server, "--path", str(path), "--project", project,
+                      "--name", name, "-q", *shlex.split(flags)]  # fmt: skip
+        seconds = _mcprl(*train_args, log=log)
+        evals = [_eval(args.server, path, project, ["base", name], s, log, args.attempts)
+                 for s in seeds]  # fmt: skip
+        base_key = next(k for k in evals[0] if "@" not in k)
+        trained_key = next(k for k in evals[0] if "@" in k)
+        run = {
+            "flags": flags,
+            "train_seconds": seconds,
+            "history": _history(path / project / name),
+            "base": {k: [e[base_key].get(k, 0.0) for e in evals] for k in ("success", "reward")},
+            "trained": {
+                k: [e[trained_key].get(k, 0.0) for e in evals] for k in ("success", "reward")
+            },
+        }
+        results["runs"][name] = run
+        out_file.write_text(json.dumps(results, indent=2))
+        _report_run(name, run)
     _report(results)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
+    if tmp is not None:
+        tmp.cleanup()
+
+
+def _report_run(name: str, run: dict) -> None:
+    b, t = run["base"]["success"], run["trained"]["success"]
+    delta = statistics.mean(t) - statistics.mean(b)
+    sd = _sd(b)
+    print(
+        f"{name}: val success base {statistics.mean(b):.1%} ± {sd:.1%} -> trained "
+        f"{statistics.mean(t):.1%} ± {_sd(t):.1%} ({delta * 100:+.1f} points"
+        + (f", {delta / sd:+.1f} base sd" if sd else "")
+        + f"); train {run['train_seconds'] / 60:.1f} min; history {json.dumps(run['history'])}",
+        flush=True,
+    )
 
 
 def _report(results: dict) -> None:
-    base = results["base"]
-    print(f"\n{results['machine']}")
-    print("| model | val success (mean ± sd over seeds) | val reward | Δ reward / base sd | time |")
-    print("|---|---|---|---|---|")
-
-    def row(name: str, ev: dict, seconds: float | None) -> None:
-        s, r = ev["success"], ev["reward"]
-        sd = _spread(base["reward"]) or float("nan")
-        delta = (statistics.mean(r) - statistics.mean(base["reward"])) / sd
-        when = f"{seconds / 60:.1f} min" if seconds else "–"
+    print(f"\n{results['machine']}\nserver {results['server']}")
+    print("| run | flags | val success base | val success trained | Δ points | Δ / base sd "
+          "| val reward base → trained | train time |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, run in results["runs"].items():
+        b, t = run["base"]["success"], run["trained"]["success"]
+        delta = statistics.mean(t) - statistics.mean(b)
+        sd = _sd(b)
+        rb, rt = run["base"]["reward"], run["trained"]["reward"]
         print(
-            f"| {name} | {statistics.mean(s):.1%} ± {_spread(s):.1%} | "
-            f"{statistics.mean(r):.3f} ± {_spread(r):.3f} | {delta:+.1f} | {when} |"
+            f"| {name} | `{run['flags'] or '(defaults)'}` | {statistics.mean(b):.1%} ± {sd:.1%} "
+            f"| {statistics.mean(t):.1%} ± {_sd(t):.1%} | {delta * 100:+.1f} | "
+            + (f"{delta / sd:+.1f}" if sd else "–")
+            + f" | {statistics.mean(rb):.3f} → {statistics.mean(rt):.3f} | "
+            f"{run['train_seconds'] / 60:.1f} min |"
         )
-
-    row("base (SmolLM2-135M)", base, None)
-    for reward, run in results["runs"].items():
-        row(f"trained, {reward} reward", run["eval"], run["seconds"])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,13 @@ TRL the step is its own `compute_loss` (which also computes entropies, as it doe
 backward and optimizer step, on inputs shaped as its generation phase produces them. Each
 configuration runs in a fresh process so its peak memory (max RSS) is its own.
 
+With `--shared N` the prompts share their first N tokens, as agent prompts share the system
+prompt and tool block, and mcprl runs twice: with every sequence's prompt run in full (the
+baseline) and with the shared prefix run once per micro-batch (`TrainConfig.share_prefix`); TRL
+is left out (it has no such mode):
+
+    python benchmarks/training.py --shared 800 --prompt 900 --completion 60 --sequences 24
+
 Reported: sequence tokens (prompt + completion) per second, the median over --steps steps after
 one warm-up step; the ratio to TRL in the same dtype; peak RSS; and model FLOP/s by the usual
 6 x parameters x tokens count, as a fraction of the machine's peak matmul FLOP/s.
@@ -44,6 +51,7 @@ MODEL = "smollm2-135m"
 def _batch(args, vocab: int):
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, vocab, (args.sequences, args.prompt), generator=g)
+    prompt[:, : args.shared] = prompt[0, : args.shared]
     completion = torch.randint(100, vocab, (args.sequences, args.completion), generator=g)
     rewards = [float(i % 3) / 2 for i in range(args.sequences)]
     return prompt, completion, rewards
@@ -78,7 +86,9 @@ def run_mcprl(args, dtype: str) -> list[float]:
     trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
     group = _group(args, trainer.model.config.vocab_size)
     config = TrainConfig(
-        learning_rate=1e-5, token_budget=max(64, args.sequences * (args.prompt + args.completion))
+        learning_rate=1e-5,
+        token_budget=max(64, args.sequences * (args.prompt + args.completion)),
+        share_prefix=args.share,
     )
     times = []
     for _ in range(args.steps + 1):
@@ -151,7 +161,8 @@ def run_trl(args, dtype: str) -> list[float]:
 
 
 def child(args) -> None:
-    runner = {"mcprl": run_mcprl, "trl": run_trl}[args.child]
+    runner = {"mcprl": run_mcprl, "mcprl-shared": run_mcprl, "trl": run_trl}[args.child]
+    args.share = args.child == "mcprl-shared"
     times = runner(args, args.dtype)
     # VmHWM, not ru_maxrss: the latter keeps the parent's high-water mark across fork + exec.
     status = Path("/proc/self/status").read_text()
@@ -169,7 +180,8 @@ def gradient_agreement(args) -> float:
         torch.manual_seed(0)
         trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
         group = _group(args, trainer.model.config.vocab_size)
-        trainer.step([group], TrainConfig(learning_rate=1e-12, max_grad_norm=None))
+        config = TrainConfig(learning_rate=1e-12, max_grad_norm=None, share_prefix=False)
+        trainer.step([group], config)
         state = trainer.optimizer.state
         grads.append(torch.cat([state[p]["exp_avg"].flatten().float() for p in trainer.params]))
     return float(torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0))
@@ -182,7 +194,8 @@ def main() -> None:
     p.add_argument("--completion", type=int, default=128)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--child", choices=["mcprl", "trl"])
+    p.add_argument("--shared", type=int, default=0, help="prompt tokens all sequences share")
+    p.add_argument("--child", choices=["mcprl", "mcprl-shared", "trl"])
     p.add_argument("--dtype")
     args = p.parse_args()
     if args.child:
@@ -200,14 +213,22 @@ def main() -> None:
     )
     peaks = {d: peak_gflops(getattr(torch, d)) for d in args.dtypes}
     print("peak matmul: " + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
-    if "bfloat16" in args.dtypes:
+    systems = ("mcprl", "mcprl-shared") if args.shared else ("trl", "mcprl")
+    names = {
+        "trl": "TRL GRPOTrainer",
+        "mcprl": "mcprl LoraTrainer" + (", prefix per sequence" if args.shared else ""),
+        "mcprl-shared": f"mcprl LoraTrainer, {args.shared}-token prefix once",
+    }
+    if "bfloat16" in args.dtypes and not args.shared:
         cosine = gradient_agreement(args)
         print(f"bfloat16 vs float32 gradient of the mcprl trainer: cosine {cosine:.4f}")
-    print("\n| dtype | trainer | tokens/s | vs TRL | peak RSS (MB) | model GFLOP/s | of peak |")
+    base = systems[0]
+    print(f"\n| dtype | trainer | tokens/s | vs {names[base]} | peak RSS (MB) | model GFLOP/s "
+          "| of peak |")  # fmt: skip
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     for dtype in args.dtypes:
         rates = {}
-        for system in ("trl", "mcprl"):
+        for system in systems:
             cmd = [
                 sys.executable,
                 __file__,
@@ -223,6 +244,8 @@ def main() -> None:
                 str(args.completion),
                 "--steps",
                 str(args.steps),
+                "--shared",
+                str(args.shared),
             ]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
@@ -232,10 +255,9 @@ def main() -> None:
             rate = tokens / result["median_s"]
             rates[system] = rate
             flops = 6 * params * rate / 1e9
-            ratio = f"{rate / rates['trl']:.2f}x" if "trl" in rates else "-"
-            name = "TRL GRPOTrainer" if system == "trl" else "mcprl LoraTrainer"
+            ratio = f"{rate / rates[base]:.2f}x" if base in rates else "-"
             print(
-                f"| {dtype} | {name} | {rate:.0f} | {ratio} | {result['peak_mb']:.0f} | "
+                f"| {dtype} | {names[system]} | {rate:.0f} | {ratio} | {result['peak_mb']:.0f} | "
                 f"{flops:.1f} | {flops / peaks[dtype]:.1%} |",
                 flush=True,
             )

@@ -7,6 +7,7 @@ imported on their own; `TrainingRun` is the loop behind `mcprl train`.
 
 from __future__ import annotations
 
+from mcprl.curriculum import ScenarioSampler
 from mcprl.errors import (
     MCPConnectionError,
     MCPRLError,
@@ -20,7 +21,7 @@ from mcprl.errors import (
 from mcprl.evaluate import evaluate_models
 from mcprl.gather import GatherError, gather_groups
 from mcprl.model import LiteLLMModel, Model, TrainableModel
-from mcprl.rewards import reference_reward, scorer
+from mcprl.rewards import ReferenceReward, reference_reward, scorer
 from mcprl.rollout import RolloutConfig, rollout
 from mcprl.scenarios import Scenario, ScenarioSet
 from mcprl.train import RunConfig, RunSummary, TrainingRun
@@ -39,12 +40,14 @@ __all__ = [
     "MCPServerStartError",
     "Model",
     "PreflightError",
+    "ReferenceReward",
     "RolloutConfig",
     "RunConfig",
     "RunSummary",
     "Scenario",
     "ScenarioFileError",
     "ScenarioGenerationError",
+    "ScenarioSampler",
     "ScenarioSet",
     "ServerSpecError",
     "TrainableModel",

@@ -279,6 +279,11 @@ def print_summary(summary: Any, again: str) -> None:
                 pct = k in ("success", "completed")
                 cells.append("–" if v is None else (f"{v:.0%}" if pct else f"{v:.3f}"))
             print(f"  {k:<13}{cells[0]:>12}{cells[1]:>12}")
+    if summary.steps_without_update:
+        print(
+            f"  no update in {summary.steps_without_update} of {done} steps: every group's "
+            "rewards tied, so nothing was learned from them"
+        )
     if summary.times:
         print("  time: " + ", ".join(f"{k} {_duration(v)}" for k, v in summary.times.items()))
     print(f"  checkpoints: {summary.run_dir}/checkpoints")

@@ -14,7 +14,10 @@ Two defaults make the loop finishable by a small model (`RolloutConfig`, both sw
   every attempt that reaches it ends with an answer instead of running out of turns;
 - `typed_answer`: `complete_task`'s `answer` argument is typed by what the scenario expects (a
   JSON number where the reference answer is numeric, else a string), so constrained decoding
-  keeps it well-formed, and the reference reward checks exactly that argument.
+  keeps it well-formed, and the reference reward checks exactly that argument;
+- `turn_budget="reference"`: a scenario whose reference lists the calls that solve it gets one
+  turn per call plus one to answer (capped by `max_turns`), so a one-call task ends right after
+  its call instead of inviting a wrong second one; other scenarios get `max_turns`.
 
 Works against any OpenAI-compatible endpoint. Where the endpoint returns token ids (mcprl's
 server, vLLM with `return_token_ids`), the trajectory is trainable; otherwise it is still valid
@@ -34,7 +37,14 @@ from mcprl.mcp import ToolInfo, open_session, openai_tools
 from mcprl.scenarios import Scenario
 from mcprl.types import Choice, Trajectory
 
-__all__ = ["COMPLETE_TASK", "RolloutConfig", "answer_type", "complete_task_tool", "rollout"]
+__all__ = [
+    "COMPLETE_TASK",
+    "RolloutConfig",
+    "answer_type",
+    "complete_task_tool",
+    "rollout",
+    "turn_budget",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +91,18 @@ task is done, call complete_task with the final answer{answer_hint}.{final_turn_
 
 
 class RolloutConfig(BaseModel):
-    max_turns: int = Field(default=10, ge=1)
+    max_turns: int = Field(default=6, ge=1, description="the most turns an attempt may take")
+    turn_budget: Literal["reference", "fixed"] = Field(
+        default="reference",
+        description="reference: reference calls + 1 turns where the scenario lists its calls "
+        "(at most max_turns); fixed: max_turns for every scenario",
+    )
     tool_choice: Literal["required", "auto"] = Field(
         default="required",
         description='"required" suits small models: every turn is a call, complete_task ends it',
     )
     temperature: float = 1.0
-    max_tokens: int = Field(default=256, ge=1, description="per completion")
+    max_tokens: int = Field(default=128, ge=1, description="per completion")
     tool_timeout: float = 30.0
     max_result_chars: int = Field(default=4000, description="tool output kept per call")
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -167,6 +182,7 @@ async def rollout(
     config = config or RolloutConfig()
     if server is None:
         return await _single_turn(model, scenario, config, client)
+    config = config.model_copy(update={"max_turns": turn_budget(scenario, config)})
     served = model.served_name
     started = time.perf_counter()
     traj = Trajectory(metadata={"scenario_id": scenario.id, "model": served})
@@ -239,6 +255,14 @@ async def rollout(
     traj.metrics["duration_s"] = time.perf_counter() - started
     traj.metrics["trainable"] = float(traj.trainable)
     return traj
+
+
+def turn_budget(scenario: Scenario, config: RolloutConfig) -> int:
+    """The turns an attempt at `scenario` gets (see `RolloutConfig.turn_budget`)."""
+    ref = scenario.reference
+    if config.turn_budget == "fixed" or ref is None or not ref.calls:
+        return config.max_turns
+    return min(config.max_turns, len(ref.calls) + 1)
 
 
 def _answer_text(answer: Any) -> str | None:

@@ -62,9 +62,9 @@ class RunConfig(BaseModel):
     project: str = "default"
     name: str = "agent"
     base_model: str = "smollm2-135m"
-    steps: int = Field(default=10, ge=0, description="train until this step (resumes count)")
+    steps: int = Field(default=15, ge=0, description="train until this step (resumes count)")
     groups_per_step: int = Field(default=4, ge=1)
-    rollouts_per_group: int = Field(default=4, ge=2, description="GRPO compares 2+ attempts")
+    rollouts_per_group: int = Field(default=6, ge=2, description="GRPO compares 2+ attempts")
     eval_every: int = Field(default=5, ge=0, description="0: baseline and final only")
     val_attempts: int = Field(default=2, ge=1, description="attempts per val scenario")
     max_val_scenarios: int | None = Field(default=None, ge=1)
@@ -85,9 +85,13 @@ class RunConfig(BaseModel):
     judge_api_base: str | None = None
     rubric: str = DEFAULT_RUBRIC
     seed: int = 0
-    max_concurrency: int = Field(default=8, ge=1)
+    max_concurrency: int = Field(default=16, ge=1)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
+    train: TrainConfig = Field(
+        # a LoRA on the 135M default learns in a few steps only at this rate; use 1e-5..5e-5
+        # for billion-parameter models (see benchmarks/RESULTS.md, "Does training help?")
+        default_factory=lambda: TrainConfig(learning_rate=1e-3)
+    )
     write_report: bool = True
 
 
@@ -202,6 +206,14 @@ class TrainingRun:
         mode = self.config.reward
         if mode == "auto":
             external = self.config.judge or configured_llm("MCPRL_JUDGE")
+            if not with_refs and not external:
+                # the local base model is too weak a judge to train on alone (RESULTS.md)
+                raise PreflightError(
+                    "some scenarios have no reference answer and no judge is configured; pass "
+                    "--judge MODEL (any LiteLLM model), use scenarios with references "
+                    "(`mcprl scenarios --grounded`), or --reward ruler to train on the local "
+                    "base model's judgement anyway (weak: see benchmarks/RESULTS.md)"
+                )
             mode = ("both" if external else "reference") if with_refs else "ruler"
         if mode in ("reference", "both") and not with_refs:
             raise PreflightError(
@@ -209,7 +221,7 @@ class TrainingRun:
                 "have none; use --reward ruler, or scenarios with references (--grounded)"
             )
         if mode == "ruler" and self.config.val_attempts < 2:
-            raise PreflightError("RULER compares attempts: set val_attempts to 2 or more")
+            raise PreflightError("RULER compares attempts: set --val-attempts to 2 or more")
         return mode
 
     def _make_judge(self) -> Judge:

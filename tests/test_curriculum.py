@@ -114,8 +114,8 @@ class RecordingBackend:
 
         self.trained.append(groups)
         step = len(self.trained)
-        write_groups(self.path / "default" / "agent" / "trajectories" / "train" / f"{step:04d}.jsonl",
-                     groups)  # fmt: skip
+        folder = self.path / "default" / "agent" / "trajectories" / "train"
+        write_groups(folder / f"{step:04d}.jsonl", groups)
         skipped = not any(is_informative(g) for g in groups)
         self.rows.append(metrics or {})
         return TrainResult(step=step, metrics={"reward_mean": 0.0, "skipped_update": skipped})

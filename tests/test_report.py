@@ -47,7 +47,11 @@ def run_dir(tmp_path: Path) -> Path:
                 "step": step, "train/reward_mean": 0.2 * step, "train/reward_std": 0.1,
                 "train/turns": 3 - step * 0.5, "train/tool_errors": 1 / step,
                 "time/rollout_s": 30.0, "time/judge_s": 5.0, "train/time_train_s": 12.0,
-                "train/time_checkpoint_s": 0.3,
+                "train/time_checkpoint_s": 0.3, "train/success": 0.1 * step,
+                "train/reward_answer": 0.1 * step, "train/reward_calls": 0.3 * step,
+                "train/reward_reported": 0.2, "train/groups_drawn": 6.0,
+                "train/groups_trained": 0.0 if step == 2 else 4.0,
+                "train/skipped_update": 1.0 if step == 2 else 0.0,
             })  # fmt: skip
             group = TrajectoryGroup(
                 scenario_id="add-2-3",
@@ -62,9 +66,12 @@ def run_dir(tmp_path: Path) -> Path:
 def test_report_has_plots_a_summary_and_the_best_and_worst_attempts(run_dir: Path):
     out = write_report(run_dir)
     html = out.read_text()
-    for png in ("val.png", "train_reward.png", "scores.png", "behaviour.png", "time.png"):
+    pngs = ("val.png", "train_reward.png", "scores.png", "reward_parts.png", "signal.png",
+            "behaviour.png", "time.png")  # fmt: skip
+    for png in pngs:
         assert (run_dir / png).stat().st_size > 5000, png
         assert f'src="{png}"' in html
+    assert "No update at step 2</b>: every group" in html
     assert "step 0" in html and "step 3" in html  # baseline and latest evaluation
     best, worst = html.split("<h3>Best</h3>")[1].split("<h3>Worst</h3>")
     assert "2 + 3 = 5" in best and "It is 6" in worst

@@ -105,7 +105,8 @@ async def test_complete_task_ends_the_loop(calculator):
         reply(call("complete_task", {"summary": "6 times 7 is 42."})),
         reply(call("add", {"a": 1, "b": 1})),  # never reached
     )
-    t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=5), client=policy)
+    config = RolloutConfig(max_turns=5, turn_budget="fixed")
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
     assert t.metrics["completed"] == 1 and t.metrics["turns"] == 2
     assert t.metrics["ran_out_of_turns"] == 0 and t.metrics["tool_errors"] == 0
     assert t.final_answer() == "6 times 7 is 42."
@@ -130,7 +131,8 @@ async def test_invalid_tool_names_and_arguments_become_error_messages(calculator
         reply(call("multiply", {"a": 6, "b": 7})),
         reply(call("complete_task", {"summary": "42"})),
     )
-    t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=8), client=policy)
+    config = RolloutConfig(max_turns=8, turn_budget="fixed")
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
     tool_texts = [m["content"] for m in t.messages if m["role"] == "tool"]
     assert "no tool named 'modulo'" in tool_texts[0] and "multiply" in tool_texts[0]
     assert "not valid JSON" in tool_texts[1]
@@ -142,10 +144,16 @@ async def test_invalid_tool_names_and_arguments_become_error_messages(calculator
 
 async def test_the_turn_budget_holds(calculator):
     policy = ScriptedPolicy(reply(call("add", {"a": 1, "b": 1})))
-    t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=3), client=policy)
+    config = RolloutConfig(max_turns=3, turn_budget="fixed")
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
     assert t.metrics["turns"] == 3 and t.metrics["ran_out_of_turns"] == 1
     assert t.metrics["completed"] == 0 and len(policy.requests) == 3
     assert reference_reward(t, SCENARIO) == 0.0
+    # by default, a scenario with reference calls gets one turn per call plus one to answer
+    policy = ScriptedPolicy(reply(call("add", {"a": 1, "b": 1})))
+    t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=6), client=policy)
+    assert len(policy.requests) == 2 and "at most 2 turns" in t.messages[0]["content"]
+    assert policy.requests[-1]["tool_choice"]["function"]["name"] == "complete_task"
 
 
 async def test_a_reply_without_tool_calls_ends_the_attempt(calculator):

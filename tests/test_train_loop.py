@@ -70,6 +70,21 @@ async def test_auto_reward_picks_ruler_without_references(tmp_path):
 
 
 @pytest.mark.anyio
+async def test_auto_reward_never_trains_on_the_local_judge_alone(tmp_path, monkeypatch):
+    for key in ("MCPRL_JUDGE", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
+                "OPENROUTER_API_KEY"):  # fmt: skip
+        monkeypatch.delenv(key, raising=False)
+    run = TrainingRun(RunConfig(), None, NoModelBackend(tmp_path), say=lambda _: None)
+    with pytest.raises(PreflightError, match="--judge MODEL") as info:
+        await run.prepare(_scenarios(reference=False))
+    assert "--reward ruler" in str(info.value)
+    # with references, auto trains on them and needs no judge at all
+    run = TrainingRun(RunConfig(name="refs"), None, NoModelBackend(tmp_path), say=lambda _: None)
+    await run.prepare(_scenarios(reference=True))
+    assert run.reward == "reference" and run.judge is None
+
+
+@pytest.mark.anyio
 async def test_a_judge_that_does_not_answer_stops_the_run_before_training(tmp_path):
     refuse = {"error": {"message": "invalid api key", "type": "auth"}}
     with LocalChatServer(lambda body: (401, refuse)) as judge:

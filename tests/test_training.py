@@ -266,6 +266,33 @@ def test_gradient_accumulation_equals_one_full_batch(base_path):
     assert torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-4)
 
 
+@pytest.mark.slow
+def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
+    grads, tokens = [], []
+    for share in (False, True):
+        torch.manual_seed(0)
+        trainer = LoraTrainer(base_path)
+        prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
+        groups = [
+            _on_policy_group(trainer, [*prompt, 21 + g], [[11, 12, 13], [14, 15, 16, 17]], [1, 0])
+            for g in range(2)
+        ]
+        sequences, _ = build_sequences(groups)
+        batches = micro_batches(sequences, 4096, 0, share_prefix=share)
+        tokens.append(
+            sum(
+                b.input_ids.numel() + len(b.prefix if b.prefix is not None else ()) for b in batches
+            )
+        )
+        config = TrainConfig(max_grad_norm=None, learning_rate=1e-9, share_prefix=share)
+        trainer.step(groups, config)
+        state = trainer.optimizer.state
+        grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
+    assert batches[0].prefix is not None and len(batches[0].prefix) == len(prompt) - 1
+    assert tokens[1] < tokens[0] / 2  # the prompt ran once instead of four times
+    assert torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-4)
+
+
 # -- the local backend -------------------------------------------------------------------------
 
 

@@ -4,6 +4,13 @@ Sequences are built from the token ids the policy sampled; text is never re-toke
 assistant completion's tokens are trained on; prompt, tool and user tokens are masked. A
 multi-turn attempt stays one sequence when each recorded prompt extends the previous prompt and
 completion; otherwise each completion is its own sequence.
+
+Agent prompts start alike: every attempt of a step carries the same system prompt and tool block
+(~800 tokens for the calculator), and only a few hundred tokens after it differ. With
+`share_prefix`, a micro-batch holds the tokens its sequences share once (`MicroBatch.prefix`)
+and each sequence's own tail after it; the trainer runs the prefix once and the tails on its
+key/value cache, which is the same computation (same logits, same gradient) at a fraction of the
+tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +22,14 @@ import torch
 from mcprl.training._losses import group_advantages
 from mcprl.types import Choice, Trajectory, TrajectoryGroup
 
-__all__ = ["BatchStats", "MicroBatch", "Sequence", "build_sequences", "micro_batches"]
+__all__ = [
+    "BatchStats",
+    "MicroBatch",
+    "Sequence",
+    "build_sequences",
+    "micro_batches",
+    "shared_prefix_length",
+]
 
 
 @dataclass
@@ -97,29 +111,60 @@ def build_sequences(
 
 @dataclass
 class MicroBatch:
-    input_ids: torch.Tensor  # [b, T]
+    input_ids: torch.Tensor  # [b, T]: each sequence after the shared prefix
     attention_mask: torch.Tensor  # [b, T]
     loss_mask: torch.Tensor  # [b, T-1], for the predictions of tokens 1..T-1
     old_logprobs: torch.Tensor  # [b, T-1]
     advantages: torch.Tensor  # [b, 1]
+    prefix: torch.Tensor | None = None  # [P]: tokens every sequence starts with, run once
 
 
-def micro_batches(sequences: list[Sequence], token_budget: int, pad_id: int) -> list[MicroBatch]:
-    """Pack sequences (longest first) so each micro-batch pads to at most `token_budget`."""
+def shared_prefix_length(sequences: list[Sequence], minimum: int = 32) -> int:
+    """How many leading tokens to run once for all `sequences` (0: not worth it).
+
+    The prefix stops one token before the sequences part, and before the first trained token's
+    predecessor, so every trained prediction is made inside the tails.
+    """
+    if len(sequences) < 2:
+        return 0
+    first = sequences[0].tokens
+    common = min(len(s.tokens) for s in sequences)
+    for s in sequences[1:]:
+        n = 0
+        limit = min(common, len(s.tokens))
+        while n < limit and s.tokens[n] == first[n]:
+            n += 1
+        common = n
+    trained = min((s.mask.index(1) if 1 in s.mask else len(s.mask)) for s in sequences)
+    length = min(common - 1, trained - 1)
+    return length if length >= minimum else 0
+
+
+def micro_batches(
+    sequences: list[Sequence], token_budget: int, pad_id: int, share_prefix: bool = False
+) -> list[MicroBatch]:
+    """Pack sequences (longest first) so each micro-batch pads to at most `token_budget`.
+
+    With `share_prefix`, the prefix all sequences share is counted once per micro-batch and
+    only the tails are padded.
+    """
+    prefix = shared_prefix_length(sequences) if share_prefix else 0
     order = sorted(sequences, key=lambda s: len(s.tokens), reverse=True)
     batches: list[list[Sequence]] = []
     for seq in order:
-        if batches and len(batches[-1][0].tokens) * (len(batches[-1]) + 1) <= token_budget:
+        width = len(batches[-1][0].tokens) - prefix if batches else 0
+        if batches and prefix + width * (len(batches[-1]) + 1) <= token_budget:
             batches[-1].append(seq)
         else:
             batches.append([seq])
-    return [_collate(b, pad_id) for b in batches]
+    return [_collate(b, pad_id, prefix) for b in batches]
 
 
-def _collate(seqs: list[Sequence], pad_id: int) -> MicroBatch:
-    width = max(len(s.tokens) for s in seqs)
+def _collate(seqs: list[Sequence], pad_id: int, prefix: int = 0) -> MicroBatch:
+    width = max(len(s.tokens) for s in seqs) - prefix
 
     def pad(values: list, fill) -> list:
+        values = values[prefix:]
         return values + [fill] * (width - len(values))
 
     ids = torch.tensor([pad(s.tokens, pad_id) for s in seqs])
@@ -127,4 +172,5 @@ def _collate(seqs: list[Sequence], pad_id: int) -> MicroBatch:
     mask = torch.tensor([pad(s.mask, 0) for s in seqs], dtype=torch.float32)[:, 1:]
     old = torch.tensor([pad(s.old_logprobs, 0.0) for s in seqs], dtype=torch.float32)[:, 1:]
     adv = torch.tensor([[s.advantage] for s in seqs], dtype=torch.float32)
-    return MicroBatch(ids, attention, mask, old, adv)
+    shared = torch.tensor(seqs[0].tokens[:prefix]) if prefix else None
+    return MicroBatch(ids, attention, mask, old, adv, shared)

@@ -33,6 +33,10 @@ class TrainConfig(BaseModel):
     scale_rewards: bool = Field(default=True, description="divide advantages by the group std")
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     token_budget: int = Field(default=4096, ge=64, description="padded tokens per micro-batch")
+    share_prefix: bool = Field(
+        default=True,
+        description="run the prompt prefix a micro-batch's sequences share once (same gradient)",
+    )
     weight_decay: float = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")

@@ -97,7 +97,9 @@ class LoraTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "abs_logprob_drift": 0.0}
-        batches = micro_batches(sequences, config.token_budget, self.pad_id)
+        batches = micro_batches(
+            sequences, config.token_budget, self.pad_id, share_prefix=config.share_prefix
+        )
         for i, batch in enumerate(batches):
             parts = self._micro_step(batch, loss_fn, norm, config.beta)
             for k, v in parts.items():
@@ -130,13 +132,14 @@ class LoraTrainer:
         mask = batch.loss_mask.to(self.device)
         old = batch.old_logprobs.to(self.device)
         adv = batch.advantages.to(self.device)
-        new = self.token_logprobs(ids, attention, mask)
+        prefix = batch.prefix.to(self.device) if batch.prefix is not None else None
+        new = self.token_logprobs(ids, attention, mask, prefix=prefix)
         per_token, clipped = loss_fn.per_token(new, old, adv, mask)
         loss = norm(per_token, mask)
         kl_value = 0.0
         if beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                ref = self.token_logprobs(ids, attention, mask)
+                ref = self.token_logprobs(ids, attention, mask, prefix=prefix)
             kl = norm(kl_k3(new, ref), mask)
             loss = loss + beta * kl
             kl_value = float(kl)
@@ -149,16 +152,26 @@ class LoraTrainer:
         }
 
     def token_logprobs(
-        self, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        prefix: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """log p(token t | tokens < t) for t = 1..T-1, as [batch, T-1] float32.
 
         With `mask`, the vocabulary projection and softmax run only where mask is 1 (zeros
         elsewhere): the trained tokens are a fraction of the sequence, and the [tokens x vocab]
-        logits are the largest tensors of a step.
+        logits are the largest tensors of a step. With `prefix` ([P] tokens that precede every
+        row of `ids`), the prefix runs once and the rows continue from its key/value cache;
+        gradients flow through both.
         """
         causal_lm = self.model.get_base_model()
-        hidden = causal_lm.model(input_ids=ids, attention_mask=attention).last_hidden_state
+        if prefix is None:
+            hidden = causal_lm.model(input_ids=ids, attention_mask=attention).last_hidden_state
+        else:
+            hidden = self._after_prefix(causal_lm.model, prefix, ids, attention)
         hidden, targets = hidden[:, :-1], ids[:, 1:]
         if mask is None:
             logits = causal_lm.lm_head(hidden).float()
@@ -168,6 +181,32 @@ class LoraTrainer:
         picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[keep][:, None])[:, 0]
         out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
         return out.index_put((keep,), picked)
+
+    @staticmethod
+    def _after_prefix(
+        body: Any, prefix: torch.Tensor, ids: torch.Tensor, attention: torch.Tensor
+    ) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        shared = DynamicCache()
+        body(input_ids=prefix[None], past_key_values=shared, use_cache=True)
+        rows, width = ids.shape
+        cache = DynamicCache()
+        for i, layer in enumerate(shared.layers):
+            cache.update(
+                layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), i
+            )
+        start = prefix.shape[0]
+        full = torch.cat([attention.new_ones(rows, start), attention], dim=1)
+        positions = torch.arange(start, start + width, device=ids.device).expand(rows, -1)
+        out = body(
+            input_ids=ids,
+            attention_mask=full,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state
 
     # -- state ---------------------------------------------------------------------------------
 
