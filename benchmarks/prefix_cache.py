@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._machine import describe_machine  # noqa: E402
 from mcprl.mcp import inspect_server, openai_tools  # noqa: E402
-from mcprl.rollout import RolloutConfig, _system_prompt, complete_task_tool  # noqa: E402
+from mcprl.rollout import DEFAULT_SYSTEM_PROMPT, complete_task_tool  # noqa: E402
 from mcprl.scenarios import ScenarioSet  # noqa: E402
 from mcprl.serving import Engine, load_model  # noqa: E402
 from mcprl.serving._chat import render_prompt  # noqa: E402
@@ -36,7 +36,7 @@ def agent_prompts(tokenizer, rows: int) -> list[list[int]]:
     info = anyio.run(inspect_server, "example:calculator")
     tools = [*openai_tools(info.tools), complete_task_tool("number")]
     tasks = [s.task for s in ScenarioSet.load(ROOT / "scenarios" / "calculator.jsonl").val]
-    system = _system_prompt(RolloutConfig(max_turns=6), "number")
+    system = DEFAULT_SYSTEM_PROMPT
     prompts = []
     for i in range(rows):
         messages = [

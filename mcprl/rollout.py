@@ -84,10 +84,12 @@ def complete_task_tool(kind: AnswerType | None) -> dict[str, Any]:
     }
 
 
+# The same for every scenario, so the system prompt and tool block form one prefix that the
+# engine's KV cache and the trainer compute once; what varies per scenario goes in the user turn.
 DEFAULT_SYSTEM_PROMPT = """\
-You are an assistant that completes tasks by calling tools. You have at most {max_turns} turns; \
-in each turn, call a tool. Use the tool results to work out the answer; do not guess. When the \
-task is done, call complete_task with the final answer{answer_hint}.{final_turn_rule}"""
+You are an assistant that completes tasks by calling tools. In each turn, call a tool. Use the \
+tool results to work out the answer; do not guess. When the task is done, call complete_task \
+with the final answer."""
 
 
 class RolloutConfig(BaseModel):
@@ -198,8 +200,8 @@ async def rollout(
         kind = answer_type(scenario) if config.typed_answer else None
         traj.tools = [*openai_tools(mcp_tools), complete_task_tool(kind)]
         traj.messages = [
-            {"role": "system", "content": _system_prompt(config, kind)},
-            {"role": "user", "content": f"Please complete this task: {scenario.task}"},
+            {"role": "system", "content": _system_prompt(config)},
+            {"role": "user", "content": user_message(scenario, config, kind)},
         ]
         traj.timings["setup_s"] = time.perf_counter() - started
         done = False
@@ -273,17 +275,20 @@ def _answer_text(answer: Any) -> str | None:
     return answer if isinstance(answer, str) else json.dumps(answer)
 
 
-def _system_prompt(config: RolloutConfig, kind: AnswerType | None = None) -> str:
-    hint = {"number": " (a number)", "string": "", None: ""}[kind]
-    rule = ""
-    if config.force_final_answer and config.max_turns > 1:
-        rule = f" Your last turn (turn {config.max_turns}) must be complete_task."
+def _system_prompt(config: RolloutConfig) -> str:
     # replace, not format: a written prompt may hold braces of its own
-    return (
-        config.system_prompt.replace("{max_turns}", str(config.max_turns))
-        .replace("{answer_hint}", hint)
-        .replace("{final_turn_rule}", rule)
-    )
+    return config.system_prompt.replace("{max_turns}", str(config.max_turns))
+
+
+def user_message(scenario: Scenario, config: RolloutConfig, kind: AnswerType | None) -> str:
+    """The task, then this attempt's rules: its turns, the forced last turn, the answer's type."""
+    turns = f"{config.max_turns} turn{'s' if config.max_turns > 1 else ''}"
+    rules = f"You have at most {turns}."
+    if config.force_final_answer and config.max_turns > 1:
+        rules = f"You have {turns}; in the last one, call complete_task."
+    if kind == "number":
+        rules += " The final answer is a number."
+    return f"Please complete this task: {scenario.task}\n\n{rules}"
 
 
 async def _single_turn(model: Any, scenario: Scenario, config: RolloutConfig, client: Any):
