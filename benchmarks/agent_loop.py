@@ -7,8 +7,11 @@ under loop variants, all with the same sampling seeds, side by side in one run:
 
 - `plain`: every turn `tool_choice="required"`, `complete_task(summary)` (the loop before issue 11);
 - `forced`: the last turn constrained to `complete_task` (`force_final_answer`);
-- `forced+typed`: that, plus `complete_task(answer)` typed by the expected answer (`typed_answer`,
-  today's default).
+- `forced+typed`: that, plus `complete_task(answer)` typed by the expected answer (`typed_answer`);
+- `forced+typed+budget`: that, plus one turn per reference call and one to answer, at most
+  `--turns` (`turn_budget="reference"`): today's defaults.
+
+The first three give every scenario exactly `--turns` turns (`turn_budget="fixed"`).
 
 It prints success, completion, mean reference reward and the share of groups whose rewards differ
 (what GRPO can learn from), per variant and turn budget, and writes
@@ -36,9 +39,10 @@ from mcprl.scenarios import ScenarioSet  # noqa: E402
 from mcprl.serving import LocalServer  # noqa: E402
 
 VARIANTS = {
-    "plain": {"force_final_answer": False, "typed_answer": False},
-    "forced": {"force_final_answer": True, "typed_answer": False},
-    "forced+typed": {"force_final_answer": True, "typed_answer": True},
+    "plain": {"force_final_answer": False, "typed_answer": False, "turn_budget": "fixed"},
+    "forced": {"force_final_answer": True, "typed_answer": False, "turn_budget": "fixed"},
+    "forced+typed": {"force_final_answer": True, "typed_answer": True, "turn_budget": "fixed"},
+    "forced+typed+budget": {"force_final_answer": True, "typed_answer": True},
 }
 
 

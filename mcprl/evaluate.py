@@ -44,6 +44,7 @@ __all__ = [
     "evaluate_models",
     "format_table",
     "has_reference",
+    "mark_success",
     "open_models",
     "save_eval",
     "score_groups",

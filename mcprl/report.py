@@ -41,8 +41,7 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 
 
 _PARTS = [
-    ("train/success", "success"),
-    ("train/reward_answer", "answer correct"),
+    ("train/reward_answer", "answer correct (= success)"),
     ("train/reward_calls", "reference calls made"),
     ("train/reward_reported", "answer is a tool result"),
     ("train/repeated_calls", "repeated calls"),

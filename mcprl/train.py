@@ -38,7 +38,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from mcprl._defaults import configured_llm
 from mcprl.curriculum import ScenarioSampler, is_informative
 from mcprl.errors import PreflightError
-from mcprl.evaluate import SEED_STRIDE, collect_groups, has_reference, score_groups, summarize
+from mcprl.evaluate import (
+    SEED_STRIDE,
+    collect_groups,
+    has_reference,
+    mark_success,
+    score_groups,
+    summarize,
+)
 from mcprl.mcp import ServerInfo, inspect_server
 from mcprl.model import TrainableModel
 from mcprl.rewards import ReferenceReward, scorer
@@ -62,7 +69,7 @@ class RunConfig(BaseModel):
     project: str = "default"
     name: str = "agent"
     base_model: str = "smollm2-135m"
-    steps: int = Field(default=15, ge=0, description="train until this step (resumes count)")
+    steps: int = Field(default=10, ge=0, description="train until this step (resumes count)")
     groups_per_step: int = Field(default=4, ge=1)
     rollouts_per_group: int = Field(default=6, ge=2, description="GRPO compares 2+ attempts")
     eval_every: int = Field(default=5, ge=0, description="0: baseline and final only")
@@ -74,7 +81,7 @@ class RunConfig(BaseModel):
         "uniform: every training scenario alike",
     )
     oversample: float = Field(
-        default=2.0,
+        default=1.5,
         ge=1.0,
         description="draw up to this many times groups_per_step scenarios to replace groups "
         "whose rewards tie (dynamic sampling); 1 disables",
@@ -384,6 +391,7 @@ class TrainingRun:
             times["rollout"] += t1 - t0
             times["judge"] += time.perf_counter() - t1
             drawn += [s.id for s in batch]
+            mark_success(groups, self.by_id)  # the sampler counts successes per scenario
             self.sampler.observe(groups)
             for g in groups:
                 (kept if is_informative(g) else tied).append(g)

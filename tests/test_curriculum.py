@@ -154,6 +154,8 @@ async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path)
     assert row["train/groups_trained"] == 2
     assert row["train/groups_drawn"] == len(groups) <= 8
     assert row["train/groups_tied"] == len(groups) - 2
+    # every `tie` scenario drawn is counted as never solved, and no `mixed` one is
+    assert row["train/scenarios_never_solved"] == len(groups) - 2
     assert run_summary.steps_without_update == 0
 
 

@@ -288,7 +288,7 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
         trainer.step(groups, config)
         state = trainer.optimizer.state
         grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
-    assert batches[0].prefix is not None and len(batches[0].prefix) == len(prompt) - 1
+    assert batches[0].prefix is not None and len(batches[0].prefix) == len(prompt)
     assert tokens[1] < tokens[0] / 2  # the prompt ran once instead of four times
     assert torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-4)
 

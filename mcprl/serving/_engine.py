@@ -33,7 +33,7 @@ from transformers import DynamicCache
 
 from mcprl.serving._grammar import GrammarFactory, apply_bitmask
 from mcprl.serving._models import LoadedModel
-from mcprl.serving._prefix import PrefixCache
+from mcprl.serving._prefix import PrefixCache, expanded_cache
 
 __all__ = ["Completion", "Engine", "SamplingParams"]
 
@@ -279,11 +279,7 @@ class Engine:
             start, kv = self.prefix_cache.lookup(
                 adapter, prompts, lambda ids: self._prefix_kv(model, ids)
             )
-        cache = DynamicCache()
-        for i, (keys, values) in enumerate(kv or []):
-            cache.update(
-                keys.expand(len(rows), -1, -1, -1), values.expand(len(rows), -1, -1, -1), i
-            )
+        cache = expanded_cache(kv or [], len(rows))
         width = max(len(p) - start for p in prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.tensor([[pad] * (width - len(p) + start) + p[start:] for p in prompts])

@@ -17,9 +17,19 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["PrefixCache", "common_prefix_length"]
+__all__ = ["PrefixCache", "common_prefix_length", "expanded_cache"]
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, batch 1: (keys, values)
+
+
+def expanded_cache(kv: KV, rows: int):
+    """A `DynamicCache` holding `kv` (batch 1) for `rows` rows, without copying (autograd-safe)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i, (keys, values) in enumerate(kv):
+        cache.update(keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1), i)
+    return cache
 
 
 def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:

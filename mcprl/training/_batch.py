@@ -125,18 +125,13 @@ def shared_prefix_length(sequences: list[Sequence], minimum: int = 32) -> int:
     The prefix stops one token before the sequences part, and before the first trained token's
     predecessor, so every trained prediction is made inside the tails.
     """
+    from mcprl.serving._prefix import common_prefix_length
+
     if len(sequences) < 2:
         return 0
-    first = sequences[0].tokens
-    common = min(len(s.tokens) for s in sequences)
-    for s in sequences[1:]:
-        n = 0
-        limit = min(common, len(s.tokens))
-        while n < limit and s.tokens[n] == first[n]:
-            n += 1
-        common = n
+    common = common_prefix_length([s.tokens for s in sequences])  # leaves each one token
     trained = min((s.mask.index(1) if 1 in s.mask else len(s.mask)) for s in sequences)
-    length = min(common - 1, trained - 1)
+    length = min(common, trained - 1)
     return length if length >= minimum else 0
 
 

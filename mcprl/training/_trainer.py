@@ -188,14 +188,12 @@ class LoraTrainer:
     ) -> torch.Tensor:
         from transformers import DynamicCache
 
+        from mcprl.serving._prefix import expanded_cache
+
         shared = DynamicCache()
         body(input_ids=prefix[None], past_key_values=shared, use_cache=True)
         rows, width = ids.shape
-        cache = DynamicCache()
-        for i, layer in enumerate(shared.layers):
-            cache.update(
-                layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1), i
-            )
+        cache = expanded_cache([(layer.keys, layer.values) for layer in shared.layers], rows)
         start = prefix.shape[0]
         full = torch.cat([attention.new_ones(rows, start), attention], dim=1)
         positions = torch.arange(start, start + width, device=ids.device).expand(rows, -1)
