@@ -212,12 +212,7 @@ async def evaluate_models(
                 if with_refs:
                     parts = reward_parts(t, by_id[g.scenario_id], reference)
                     t.reward = parts.reward
-                    t.metrics.update(
-                        reward_answer=parts.answer,
-                        reward_calls=parts.calls,
-                        reward_reported=parts.reported,
-                        repeated_calls=parts.repeated_calls,
-                    )
+                    t.metrics.update(parts.metrics())
         all_groups[model.served_name] = groups
         seconds = time.perf_counter() - started
         rows.append(EvalRow(model=model.served_name, metrics={}, seconds=seconds))

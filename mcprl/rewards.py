@@ -177,6 +177,15 @@ class RewardParts(BaseModel):
     repeated_calls: float = Field(description="calls identical to an earlier one")
     reward: float
 
+    def metrics(self) -> dict[str, float]:
+        """The components as an attempt's metrics (`reward_answer`, ...)."""
+        return {
+            "reward_answer": self.answer,
+            "reward_calls": self.calls,
+            "reward_reported": self.reported,
+            "repeated_calls": self.repeated_calls,
+        }
+
 
 def reward_parts(
     trajectory: Trajectory, scenario: Scenario, weights: ReferenceReward | None = None
@@ -242,12 +251,7 @@ def scorer(
             ref_parts = [reward_parts(t, scenario, reference) for t in group.trajectories]
             ref_scores = [p.reward for p in ref_parts]
             for t, p in zip(group.trajectories, ref_parts, strict=True):
-                t.metrics.update(
-                    reward_answer=p.answer,
-                    reward_calls=p.calls,
-                    reward_reported=p.reported,
-                    repeated_calls=p.repeated_calls,
-                )
+                t.metrics.update(p.metrics())
         ruler_scores = None
         if ruler_weight > 0 and len(group.trajectories) >= 2:
             try:
