@@ -68,7 +68,7 @@ def main() -> None:
     scenarios = getattr(ScenarioSet.load(args.scenarios), args.split).scenarios
     results: dict = {"machine": describe_machine(), "args": vars(args), "rows": []}
     with LocalServer("smollm2-135m") as server:
-        model = Model(name="smollm2-135m", base_url=server.base_url, api_key="local")
+        model = Model(name="smollm2-135m", base_url=server.base_url, api_key=server.api_key)
         for turns in [int(t) for t in args.turns.split(",")]:
             for variant in args.variants.split(","):
                 config = RolloutConfig(

@@ -85,10 +85,12 @@ def bench_generate(loaded, k: int, tokens: int) -> Run:
     return time.perf_counter() - start, total_prompt, k * tokens
 
 
-async def _fire(base_url: str, model: str, k: int, tokens: int, extra: dict) -> Run:
+async def _fire(
+    base_url: str, model: str, k: int, tokens: int, extra: dict, key: str = "local"
+) -> Run:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="local", max_retries=0, timeout=3600)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=3600)
 
     async def one(text: str) -> tuple[int, int]:
         r = await client.chat.completions.create(
@@ -185,11 +187,11 @@ def main() -> None:
         base = row(dtype, "generate per request", 1, median_run(runs), None)
         del loaded
         with LocalServer(MODEL, dtype=dtype) as server:
-            url = server.base_url
-            asyncio.run(_fire(url, MODEL, 8, 8, {"ignore_eos": True}))  # warm up
+            url, key = server.base_url, server.api_key
+            asyncio.run(_fire(url, MODEL, 8, 8, {"ignore_eos": True}, key))  # warm up
             for k in args.concurrency:
                 runs = [
-                    asyncio.run(_fire(url, MODEL, k, args.tokens, {"ignore_eos": True}))
+                    asyncio.run(_fire(url, MODEL, k, args.tokens, {"ignore_eos": True}, key))
                     for _ in range(args.repeats)
                 ]
                 row(dtype, "mcprl server", k, median_run(runs), base)

@@ -70,7 +70,7 @@ def main() -> None:
     totals = {m: [0.0, 0] for m in modes}
     started = time.perf_counter()
     with LocalServer("smollm2-135m") as server:
-        judge = local_judge("smollm2-135m", server.base_url)
+        judge = local_judge("smollm2-135m", server.base_url, server.api_key)
         for g in groups:
             reference = [t.reward for t in g.trajectories]
             answer = by_id[g.scenario_id].reference.answer

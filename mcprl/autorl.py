@@ -107,7 +107,12 @@ async def write_task_set(
     if generator is None:
         if backend is None:
             raise ValueError("no generator: name a LiteLLM model or pass the local backend")
-        llm = LLMClient(f"openai/{base_model}", api_base=backend.base_url, temperature=1.0)
+        llm = LLMClient(
+            f"openai/{base_model}",
+            api_base=backend.base_url,
+            api_key=backend.api_key,
+            temperature=1.0,
+        )
     elif isinstance(generator, LLMClient):
         llm = generator
     else:

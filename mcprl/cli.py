@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import shlex
 import shutil
@@ -133,9 +134,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from mcprl.serving import Engine, build_app, load_model
-    from mcprl.serving._server import check_bind
+    from mcprl.serving._server import allowed_hosts, check_bind
 
-    check_bind(args.host, args.api_key)
+    api_key = args.api_key or os.environ.get("MCPRL_API_KEY") or None
+    check_bind(args.host, api_key)
+    dirs = [Path(d).expanduser() for d in args.allow_adapter_dir or []]
+    for d in dirs:
+        if not d.is_dir():
+            raise ValueError(f"--allow-adapter-dir {d}: no such directory")
     print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
     engine = Engine(load_model(args.model, dtype=args.dtype), max_batch_size=args.max_batch_size)
     for item in args.lora or []:
@@ -144,8 +150,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--lora takes NAME=PATH, got {item!r}")
         engine.load_adapter(name, path)
     name = args.served_name or args.model
-    app = build_app(engine, name, args.api_key)
+    app = build_app(engine, name, api_key, hosts=allowed_hosts(args.host), adapter_dirs=dirs)
     print(f"serving {name!r} at http://{args.host}:{args.port}/v1", file=sys.stderr)
+    if not api_key:
+        print(
+            "  no API key: any program on this machine may use it (browser pages may not); "
+            "set MCPRL_API_KEY to require one",
+            file=sys.stderr,
+        )
+    where = ", ".join(map(str, dirs)) if dirs else "nowhere (--allow-adapter-dir DIR to allow)"
+    print(f"  adapters load over HTTP from: {where}", file=sys.stderr)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
@@ -467,12 +481,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         path=Path(args.path) / project,
         base_model=args.base_model,
         api_base=args.api_base,
-    ) as (models, base_url):
+    ) as (models, server):
         judge = None
         if args.judge == "local":
-            if base_url is None:
+            if server is None:
                 raise ValueError("--judge local needs a local model (a run or 'base') to serve")
-            judge = local_judge(args.base_model, base_url)
+            judge = local_judge(args.base_model, server.base_url, server.api_key)
         elif args.judge:
             judge = Judge(args.judge, api_base=args.judge_api_base, temperature=0.0)
         rows, groups = anyio.run(
@@ -610,9 +624,19 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible endpoint")
     v.add_argument("--model", default="smollm2-135m", help="smollm2-135m, a model dir or hub id")
     v.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    v.add_argument("--host", default="127.0.0.1", help="other than loopback needs --api-key")
+    v.add_argument("--host", default="127.0.0.1", help="other than loopback needs an API key")
     v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--api-key", help="require this bearer token")
+    v.add_argument(
+        "--api-key",
+        help="require this bearer token (visible to other users in `ps`: prefer the "
+        "MCPRL_API_KEY environment variable)",
+    )
+    v.add_argument(
+        "--allow-adapter-dir",
+        action="append",
+        metavar="DIR",
+        help="let /v1/load_lora_adapter load adapters from under DIR (repeatable; default none)",
+    )
     v.add_argument("--served-name", help="the model name clients use (default: --model)")
     v.add_argument("--max-batch-size", type=int, default=32)
     v.add_argument("--lora", action="append", metavar="NAME=PATH", help="load a LoRA adapter")

@@ -8,7 +8,10 @@ MCPRLError
 ├── MCPServerError             the server answered, but not usably (no tools, a protocol error)
 ├── ScenarioFileError          a scenario file has a bad line (ValueError)
 ├── ScenarioGenerationError    could not produce the scenarios asked for
-└── PreflightError             a training run cannot start: what is missing and how to fix it
+├── PreflightError             a training run cannot start: what is missing and how to fix it
+├── ModelNotFoundError         a --model that is no known name, local directory or hub model
+├── CheckpointError            a checkpoint cannot be loaded safely (never unpickled)
+└── JudgeFailedError           the judge failed on too many groups of a step: the step is not kept
 ```
 
 Dependencies' errors are converted where they are caught, with `raise ... from exc`, so the cause
@@ -18,10 +21,13 @@ stays visible. A tool that fails is not an error here: it becomes text for the a
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
+    "JudgeFailedError",
     "MCPConnectionError",
     "MCPRLError",
     "MCPServerError",
     "MCPServerStartError",
+    "ModelNotFoundError",
     "PreflightError",
     "ScenarioFileError",
     "ScenarioGenerationError",
@@ -66,3 +72,15 @@ class ScenarioGenerationError(MCPRLError):
 
 class PreflightError(MCPRLError):
     """A check before a training run failed (judge silent, scenarios unusable, ...)."""
+
+
+class ModelNotFoundError(MCPRLError, ValueError):
+    """`--model` names no known model, no local directory and no model a hub can give."""
+
+
+class CheckpointError(MCPRLError):
+    """A checkpoint is missing a file or holds something that is not plain data."""
+
+
+class JudgeFailedError(MCPRLError):
+    """The judge failed on more groups of a step than allowed; nothing of the step was kept."""

@@ -317,8 +317,8 @@ def open_models(
     base_model: str = "smollm2-135m",
     api_base: str | None = None,
     dtype: str = "bfloat16",
-) -> Iterator[tuple[list[Any], str | None]]:
-    """Models for `specs`; yields (models, local base URL or None).
+) -> Iterator[tuple[list[Any], Any]]:
+    """Models for `specs`; yields (models, the local `LocalServer` or None).
 
     A spec is `NAME[@STEP]` (a training run in the project directory `path`, latest step by
     default), `base` or the base model's name (the local base model, no adapter), or else a
@@ -366,8 +366,8 @@ def open_models(
             name, adapter = local
             if adapter is not None and name not in server.engine.adapters:
                 server.engine.load_adapter(name, str(adapter))
-            models.append(Model(name=name, base_url=server.base_url, api_key="local"))
-        yield models, server.base_url if server else None
+            models.append(Model(name=name, base_url=server.base_url, api_key=server.api_key))
+        yield models, server
     finally:
         if server is not None:
             server.close()

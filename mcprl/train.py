@@ -241,7 +241,9 @@ class TrainingRun:
                 temperature=0.0,
             )
         # the base model, served without the adapter: the judge is never the policy
-        return local_judge(self.config.base_model, self.backend.base_url, self.config.rubric)
+        return local_judge(
+            self.config.base_model, self.backend.base_url, self.backend.api_key, self.config.rubric
+        )
 
     async def _ping_judge(self) -> None:
         llm = self.judge.llm
@@ -448,11 +450,14 @@ class TrainingRun:
             return None
 
 
-def local_judge(base_model: str, base_url: str, rubric: str = DEFAULT_RUBRIC) -> Judge:
+def local_judge(
+    base_model: str, base_url: str, api_key: str, rubric: str = DEFAULT_RUBRIC
+) -> Judge:
     """RULER with the local base model: greedy, with short explanations (a small model rambles)."""
     return Judge(
         f"openai/{base_model}",
         api_base=base_url,
+        api_key=api_key,
         rubric=rubric,
         temperature=0.0,
         explanation_max_chars=160,

@@ -105,9 +105,11 @@ def mcp1_python() -> str:
 
 
 @pytest.fixture(scope="session")
-def policy_server():
-    """The real default model (SmolLM2-135M) behind mcprl's server, shared by every test."""
+def policy_server(tmp_path_factory):
+    """The real default model (SmolLM2-135M) behind mcprl's server, shared by every test.
+
+    It loads adapters over HTTP from the tests' temporary directories only."""
     from mcprl.serving import LocalServer
 
-    with LocalServer("smollm2-135m") as server:
+    with LocalServer("smollm2-135m", adapter_dirs=[tmp_path_factory.getbasetemp()]) as server:
         yield server

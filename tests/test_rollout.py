@@ -372,7 +372,7 @@ async def test_a_real_rollout_with_the_tiny_model_records_the_served_tokens(
 ):
     import openai
 
-    client = openai.AsyncOpenAI(base_url=policy_server.base_url, api_key="local")
+    client = openai.AsyncOpenAI(base_url=policy_server.base_url, api_key=policy_server.api_key)
     returned = []
     create = client.chat.completions.create
 

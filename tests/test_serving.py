@@ -58,7 +58,14 @@ def server(policy_server):
 
 @pytest.fixture(scope="session")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="local", max_retries=0)
+    return openai.OpenAI(base_url=server.base_url, api_key=server.api_key, max_retries=0)
+
+
+def http_client(server) -> httpx.Client:
+    """A plain HTTP client that sends the server's API key."""
+    return httpx.Client(
+        base_url=server.base_url, headers={"authorization": f"Bearer {server.api_key}"}
+    )
 
 
 def ask(client, content, **kw):
@@ -201,7 +208,7 @@ def _random_adapter(path, seed: int) -> str:
 def test_an_adapter_loads_changes_the_output_and_unloads(client, server, tmp_path):
     path = _random_adapter(tmp_path / "a1", seed=0)
     base_before = ask(client, "What is the capital of France?", temperature=0, max_tokens=12)
-    http = httpx.Client(base_url=server.base_url)
+    http = http_client(server)
     assert http.post("/load_lora_adapter", json={"lora_name": "m@1", "lora_path": path}).is_success
     assert [m.id for m in client.models.list().data] == [MODEL, "m@1"]
     tuned = client.chat.completions.create(
@@ -224,7 +231,7 @@ def test_an_adapter_loads_changes_the_output_and_unloads(client, server, tmp_pat
 
 
 def test_two_adapters_can_be_resident_at_once(client, server, tmp_path):
-    http = httpx.Client(base_url=server.base_url)
+    http = http_client(server)
     for name, seed in (("x@1", 1), ("x@2", 2)):
         body = {"lora_name": name, "lora_path": _random_adapter(tmp_path / name, seed)}
         assert http.post("/load_lora_adapter", json=body).is_success
@@ -308,7 +315,7 @@ BAD_REQUESTS = [
 def test_each_bad_request_gets_its_error_and_the_server_goes_on(
     server, client, name, body, status, text
 ):
-    http = httpx.Client(base_url=server.base_url)
+    http = http_client(server)
     if isinstance(body, bytes):
         r = http.post(
             "/chat/completions", content=body, headers={"content-type": "application/json"}

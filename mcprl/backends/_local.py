@@ -105,7 +105,7 @@ class LocalBackend:
 
     def endpoint(self, model: TrainableModel) -> tuple[str, str]:
         self._run(model)
-        return self._server.base_url, "local"
+        return self._server.base_url, self._server.api_key
 
     def step(self, model: TrainableModel) -> int:
         return self._run(model).step
@@ -174,6 +174,13 @@ class LocalBackend:
             raise RuntimeError("no model is registered with this backend yet")
         return self._server.base_url
 
+    @property
+    def api_key(self) -> str:
+        """The local endpoint's API key: random per backend, known only to this process."""
+        if self._server is None:
+            raise RuntimeError("no model is registered with this backend yet")
+        return self._server.api_key
+
     def list_checkpoints(self, model: TrainableModel) -> list[int]:
         return self._run(model).store.steps()
 
@@ -226,6 +233,7 @@ class LocalBackend:
                 port=self.port,
                 max_batch_size=self.max_batch_size,
                 served_name=base_model,
+                adapter_dirs=[self.path],
             )
             self._base = base_model
         elif base_model != self._base:

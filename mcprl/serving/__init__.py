@@ -2,10 +2,17 @@
 
 from mcprl.serving import LocalServer
 with LocalServer("smollm2-135m") as server:       # loads the model, serves on 127.0.0.1
-    client = openai.OpenAI(base_url=server.base_url, api_key="local")
+    client = openai.OpenAI(base_url=server.base_url, api_key=server.api_key)
+
+A `LocalServer` makes up a random API key unless given one: only code in this process, which
+can read `server.api_key`, can use it.
 """
 
 from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
 
 from mcprl.serving._engine import Completion, Engine, SamplingParams
 from mcprl.serving._models import DEFAULT_MODEL, LoadedModel, cache_dir, load_model, resolve_model
@@ -28,7 +35,11 @@ __all__ = [
 
 
 class LocalServer:
-    """Load a model, start the engine and serve it in this process; a context manager."""
+    """Load a model, start the engine and serve it in this process; a context manager.
+
+    `api_key`: the bearer token clients must send (default: a random one, `self.api_key`).
+    `adapter_dirs`: where `/v1/load_lora_adapter` may load adapters from (default: nowhere).
+    """
 
     def __init__(
         self,
@@ -40,11 +51,20 @@ class LocalServer:
         api_key: str | None = None,
         max_batch_size: int = 32,
         served_name: str | None = None,
+        adapter_dirs: Iterable[str | Path] = (),
     ) -> None:
+        self.api_key = api_key or secrets.token_urlsafe(32)
         self.loaded = load_model(model, dtype=dtype)
         self.engine = Engine(self.loaded, max_batch_size=max_batch_size)
         self.name = served_name or model
-        self.handle = start_server(self.engine, self.name, host=host, port=port, api_key=api_key)
+        self.handle = start_server(
+            self.engine,
+            self.name,
+            host=host,
+            port=port,
+            api_key=self.api_key,
+            adapter_dirs=adapter_dirs,
+        )
 
     @property
     def base_url(self) -> str:

@@ -80,7 +80,7 @@ class ChatRequest(_Open):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     n: int = Field(default=1, ge=1, le=32)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)

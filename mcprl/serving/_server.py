@@ -7,22 +7,35 @@
     GET  /health
 
 Errors have OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad
-request, 401 for a missing or wrong API key, 404 for an unknown model. A bad request never
-stops the server. It binds 127.0.0.1 unless told otherwise, and an API key is required to bind
-anything else.
+request, 401 for a missing or wrong API key, 403 for a request from a browser page or to a
+host name this server is not, 404 for an unknown model, 413 for a body over `max_body_bytes`,
+415 for a body that is not `application/json`. A bad request never stops the server, and no
+reply or log line repeats more than a few hundred characters of what was sent.
+
+Who may call (see README, "Security"):
+- it binds 127.0.0.1 unless told otherwise, and an API key is required to bind anything else;
+- with an API key, every endpoint but /health needs `Authorization: Bearer KEY` (compared in
+  constant time);
+- the `Host` header must name this server (its address, `localhost`, or a loopback address), so
+  a web page cannot reach it through DNS rebinding; a request with a cross-site `Origin` or
+  `Sec-Fetch-Site` header (a browser page elsewhere) is refused;
+- adapters are loaded over HTTP only from `adapter_dirs` (none: loading is off).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import json
 import logging
 import socket
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -35,9 +48,21 @@ from mcprl.serving._chat import render_prompt
 from mcprl.serving._engine import Engine, SamplingParams
 from mcprl.serving._grammar import GrammarError
 
-__all__ = ["ServerHandle", "build_app", "check_bind", "start_server"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "ServerHandle",
+    "allowed_hosts",
+    "build_app",
+    "check_bind",
+    "start_server",
+]
 
 logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a chat request for a model with a 128k context fits
+MAX_N = 16  # completions per request: one request may not hold the whole engine
+_ECHO_CHARS = 300
+_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
 class _HTTPError(Exception):
@@ -47,15 +72,49 @@ class _HTTPError(Exception):
 
 
 def _fail(status: int, message: str, param: str | None = None) -> _HTTPError:
-    kinds = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+    kinds = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        415: "invalid_request_error",
+    }
     return _HTTPError(status, message, kinds.get(status, "server_error"), param)
 
 
-async def _json(request: Request) -> Any:
-    try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _fail(400, f"the request body is not valid JSON: {exc}") from exc
+def clip(text: object, limit: int = _ECHO_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} more characters]"
+
+
+def allowed_hosts(host: str) -> frozenset[str] | None:
+    """The `Host` names a server bound to `host` answers to; None: any (a wildcard bind)."""
+    host = host.strip("[]").lower()
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    return frozenset({host, *_LOOPBACK_NAMES})
+
+
+def _host_name(value: str) -> str:
+    """`example.com` from `example.com:8000`, `::1` from `[::1]:8000`."""
+    return (urlsplit(f"//{value}").hostname or "").lower()
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _fail(413, f"the request body is {declared} bytes; this server takes at most {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _fail(413, f"the request body is over {limit} bytes, the most this server takes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str]:
@@ -64,7 +123,40 @@ def _validation_message(exc: ValidationError) -> tuple[str, str]:
     return f"{where}: {first['msg']}" if where else first["msg"], where
 
 
-def build_app(engine: Engine, served_name: str, api_key: str | None = None) -> Starlette:
+def build_app(
+    engine: Engine,
+    served_name: str,
+    api_key: str | None = None,
+    *,
+    hosts: Iterable[str] | None = frozenset(_LOOPBACK_NAMES),
+    adapter_dirs: Iterable[str | Path] = (),
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_n: int = MAX_N,
+) -> Starlette:
+    """The app; `hosts` are the `Host` names it answers to (None: any), see `allowed_hosts`."""
+    hosts = frozenset(h.lower() for h in hosts) if hosts is not None else None
+    roots = [Path(d).expanduser().resolve() for d in adapter_dirs]
+    key = api_key.encode() if api_key else None
+    max_n = min(max_n, engine.max_batch_size)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            raise _fail(
+                415, f"send the body as Content-Type: application/json (got {clip(kind, 60)!r})"
+            )
+        try:
+            body = json.loads(await _read_body(request, max_body_bytes))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _fail(400, f"the request body is not valid JSON: {clip(exc, 120)}") from exc
+        if not isinstance(body, dict):
+            raise _fail(400, f"the request body must be a JSON object, not {type(body).__name__}")
+        return body
+
+    def adapter_allowed(path: str) -> bool:
+        real = Path(path).expanduser().resolve()
+        return any(real.is_relative_to(root) for root in roots)
+
     def model_ids() -> list[str]:
         return [served_name, *engine.adapters]
 
@@ -76,7 +168,7 @@ def build_app(engine: Engine, served_name: str, api_key: str | None = None) -> S
         raise _fail(404, f"model {name!r} not found; available: {', '.join(model_ids())}", "model")
 
     async def chat(request: Request) -> JSONResponse:
-        body = await _json(request)
+        body = await body_of(request)
         try:
             req = ChatRequest.model_validate(body)
         except ValidationError as exc:
@@ -99,8 +191,8 @@ def build_app(engine: Engine, served_name: str, api_key: str | None = None) -> S
                 f"model's context is {engine.max_context} tokens",
                 "max_tokens",
             )
-        if req.n > engine.max_batch_size:
-            raise _fail(400, f"n may be at most {engine.max_batch_size}", "n")
+        if req.n > max_n:
+            raise _fail(400, f"n may be at most {max_n} on this server", "n")
         fmt = req.response_format.model_dump() if req.response_format else None
         try:
             grammar = engine.grammars.compile(offered, req.choice, fmt)
@@ -135,49 +227,86 @@ def build_app(engine: Engine, served_name: str, api_key: str | None = None) -> S
         return JSONResponse({"object": "list", "data": data})
 
     async def load_lora(request: Request) -> PlainTextResponse:
-        body = await _json(request)
+        body = await body_of(request)
         name, path = body.get("lora_name"), body.get("lora_path")
-        if not isinstance(name, str) or not name or not isinstance(path, str):
-            raise _fail(400, "give 'lora_name' and 'lora_path' as strings")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise _fail(400, "give 'lora_name' and 'lora_path' as non-empty strings")
         if name == served_name or name in engine.adapters:
-            raise _fail(400, f"an adapter or model named {name!r} is already loaded", "lora_name")
+            raise _fail(
+                400, f"an adapter or model named {clip(name)!r} is already loaded", "lora_name"
+            )
+        if not roots:
+            raise _fail(
+                403,
+                "this server loads no adapters over HTTP; start it with --allow-adapter-dir DIR "
+                "to allow the adapters under DIR",
+                "lora_path",
+            )
+        if not adapter_allowed(path):
+            raise _fail(
+                403,
+                f"{clip(path)} is not under a directory this server loads adapters from "
+                "(--allow-adapter-dir)",
+                "lora_path",
+            )
         if not (Path(path) / "adapter_config.json").is_file():
-            raise _fail(400, f"{path} is not a peft adapter directory (no adapter_config.json)")
+            raise _fail(
+                400, f"{clip(path)} is not a peft adapter directory (no adapter_config.json)"
+            )
         try:
             await asyncio.to_thread(engine.load_adapter, name, path)
         except Exception as exc:
-            raise _fail(400, f"could not load the adapter: {exc}", "lora_path") from exc
+            raise _fail(400, f"could not load the adapter: {clip(exc)}", "lora_path") from exc
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora(request: Request) -> PlainTextResponse:
-        body = await _json(request)
+        body = await body_of(request)
         name = body.get("lora_name")
+        if not isinstance(name, str) or not name:
+            raise _fail(400, "give 'lora_name' as a non-empty string", "lora_name")
         if name not in engine.adapters:
-            raise _fail(404, f"no adapter named {name!r} is loaded", "lora_name")
+            raise _fail(404, f"no adapter named {clip(name)!r} is loaded", "lora_name")
         await asyncio.to_thread(engine.unload_adapter, name)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def health(request: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
+    def refusal(request: Request) -> _HTTPError | None:
+        """Why this request may not be served (module docstring), or None."""
+        if hosts is not None and _host_name(request.headers.get("host", "")) not in hosts:
+            return _fail(403, "the Host header does not name this server")
+        origin = request.headers.get("origin")
+        if (
+            origin is not None
+            and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()
+        ):
+            return _fail(403, "cross-origin requests from browser pages are not served")
+        if request.headers.get("sec-fetch-site", "none") not in ("none", "same-origin"):
+            return _fail(403, "cross-site requests from browser pages are not served")
+        if key is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, b"Bearer " + key):
+                return _fail(401, "invalid or missing API key")
+        return None
+
+    def reply(exc: _HTTPError) -> JSONResponse:
+        body = error_body(clip(exc, 2000), exc.kind, exc.status, exc.param)
+        return JSONResponse(body, status_code=exc.status)
+
     def guarded(handler):
         async def endpoint(request: Request):
-            if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
-                return JSONResponse(
-                    error_body("invalid or missing API key", "authentication_error", 401),
-                    status_code=401,
-                )
+            refused = refusal(request)
+            if refused is not None:
+                return reply(refused)
             try:
                 return await handler(request)
             except _HTTPError as exc:
-                return JSONResponse(
-                    error_body(str(exc), exc.kind, exc.status, exc.param), status_code=exc.status
-                )
+                return reply(exc)
             except Exception as exc:
-                logger.exception("request failed")
-                return JSONResponse(
-                    error_body(f"internal error: {exc}", "server_error", 500), status_code=500
-                )
+                logger.error("request to %s failed: %s", request.url.path, clip(exc))
+                logger.debug("the failure", exc_info=True)
+                return reply(_fail(500, f"internal error: {clip(exc)}"))
 
         return endpoint
 
@@ -233,6 +362,7 @@ def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     api_key: str | None = None,
+    adapter_dirs: Iterable[str | Path] = (),
 ) -> ServerHandle:
     """Serve in-process, in a thread (for the local backend and tests)."""
     import uvicorn
@@ -242,7 +372,9 @@ def start_server(
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    app = build_app(engine, served_name, api_key)
+    app = build_app(
+        engine, served_name, api_key, hosts=allowed_hosts(host), adapter_dirs=adapter_dirs
+    )
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="mcprl-server", daemon=True)

@@ -13,6 +13,7 @@ them gives exactly the full-batch gradient.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from mcprl.errors import CheckpointError
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches
 from mcprl.training._config import LoraConfig, TrainConfig
 from mcprl.training._losses import LOSSES, Normalizer, kl_k3
@@ -209,18 +211,95 @@ class LoraTrainer:
     # -- state ---------------------------------------------------------------------------------
 
     def save(self, directory: str | Path) -> None:
-        """Adapter weights (peft format, safetensors) and optimizer state."""
+        """Adapter weights (peft format, safetensors) and optimizer state (safetensors + JSON)."""
         directory = Path(directory)
         self.model.save_pretrained(directory)
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "updates": self.updates},
-            directory / "trainer_state.pt",
-        )
+        save_optimizer_state(directory, self.optimizer.state_dict(), self.updates)
 
     def load_state(self, directory: str | Path) -> None:
-        state = torch.load(Path(directory) / "trainer_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = int(state["updates"])
+        state, self.updates = load_optimizer_state(directory)
+        self.optimizer.load_state_dict(state)
+
+
+# Optimizer state is stored in formats that cannot run code when read: tensors in safetensors,
+# everything else in JSON. A run folder may come from anyone; loading it must be safe.
+_STATE_JSON, _STATE_TENSORS, _LEGACY_STATE = (
+    "trainer_state.json",
+    "optimizer.safetensors",
+    "trainer_state.pt",
+)
+
+
+def save_optimizer_state(directory: Path, state: dict[str, Any], updates: int) -> None:
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    for index, entry in state["state"].items():
+        out: dict[str, Any] = {}
+        for key, value in entry.items():
+            if torch.is_tensor(value):
+                name = f"{index}.{key}"
+                tensors[name] = value.detach().to("cpu").contiguous()
+                out[key] = {"tensor": name}
+            else:
+                out[key] = {"value": value}
+        entries[str(index)] = out
+    save_file(tensors, str(directory / _STATE_TENSORS))
+    meta = {
+        "format": 1,
+        "updates": updates,
+        "param_groups": state["param_groups"],
+        "state": entries,
+    }
+    (directory / _STATE_JSON).write_text(json.dumps(meta), encoding="utf-8")
+
+
+def load_optimizer_state(directory: str | Path) -> tuple[dict[str, Any], int]:
+    """The optimizer state dict and update count saved by `save_optimizer_state`.
+
+    A checkpoint from before that format (`trainer_state.pt`) is read with torch's weights-only
+    loader, which refuses anything but tensors and plain data; nothing is ever unpickled freely.
+    """
+    directory = Path(directory)
+    meta_path = directory / _STATE_JSON
+    if meta_path.is_file():
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            tensors = load_file(str(directory / _STATE_TENSORS))
+            state = {
+                int(index): {
+                    key: tensors[v["tensor"]] if "tensor" in v else v["value"]
+                    for key, v in entry.items()
+                }
+                for index, entry in meta["state"].items()
+            }
+            return {"state": state, "param_groups": meta["param_groups"]}, int(meta["updates"])
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
+            raise CheckpointError(
+                f"cannot read the optimizer state in {directory}: {exc}; restore the file or "
+                "delete that checkpoint directory to resume from the one before"
+            ) from exc
+    legacy = directory / _LEGACY_STATE
+    if legacy.is_file():
+        import pickle
+
+        try:
+            state = torch.load(legacy, weights_only=True, map_location="cpu")
+            return state["optimizer"], int(state["updates"])
+        except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError) as exc:
+            raise CheckpointError(
+                f"refusing to load {legacy}: it holds objects other than tensors and plain data, "
+                "and loading it could run code; do not use a run folder you cannot trust "
+                f"({str(exc)[:300]})"
+            ) from exc
+    raise CheckpointError(
+        f"{directory} has no optimizer state ({_STATE_JSON}); delete that checkpoint directory "
+        "to resume from the one before"
+    )
 
 
 def _reward_metrics(stats: Any) -> dict[str, float]:
