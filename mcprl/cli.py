@@ -298,6 +298,11 @@ def print_summary(summary: Any, again: str) -> None:
             f"  no update in {summary.steps_without_update} of {done} steps: every group's "
             "rewards tied, so nothing was learned from them"
         )
+    if summary.groups_dropped:
+        lost = sum(summary.groups_dropped.values())
+        where = ", ".join(f"step {k}: {v}" for k, v in sorted(summary.groups_dropped.items()))
+        print(f"  the judge failed on {lost} group{'' if lost == 1 else 's'} ({where}); "
+              "they were not trained on")  # fmt: skip
     if summary.times:
         print("  time: " + ", ".join(f"{k} {_duration(v)}" for k, v in summary.times.items()))
     print(f"  checkpoints: {summary.run_dir}/checkpoints")

@@ -52,10 +52,25 @@ def _no_update(rows: list[dict[str, Any]]) -> str:
     steps = sorted({r["step"] for r in rows if r.get("train/skipped_update")})
     if not steps:
         return ""
-    listed = ", ".join(map(str, steps))
+    listed = html.escape(", ".join(map(str, steps)))
     return (
         f"<p><b>No update at step{'s' if len(steps) > 1 else ''} {listed}</b>: every group's "
         "rewards tied, so there was nothing to learn from (the adapter did not change).</p>"
+    )
+
+
+def _judge_losses(rows: list[dict[str, Any]]) -> str:
+    lost = {
+        r["step"]: r["train/groups_dropped"]
+        for r in rows
+        if isinstance(r.get("train/groups_dropped"), (int, float)) and r["train/groups_dropped"]
+    }
+    if not lost:
+        return ""
+    listed = html.escape(", ".join(f"step {k}: {v:.0f}" for k, v in lost.items()))
+    return (
+        f"<p><b>The judge failed on {sum(lost.values()):.0f} groups</b> ({listed}); they were "
+        "not trained on.</p>"
     )
 
 
@@ -185,7 +200,10 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         return "<p>No evaluation yet.</p>"
     first, last = vals[0], vals[-1]
     keys = ["success", "reward", "completed", "turns", "tool_errors", "reward_ruler", "attempts"]
-    head = f"<tr><th>val</th><th>step {first['step']}</th><th>step {last['step']}</th></tr>"
+    head = (
+        f"<tr><th>val</th><th>step {html.escape(str(first['step']))}</th>"
+        f"<th>step {html.escape(str(last['step']))}</th></tr>"
+    )
     body = "".join(
         f"<tr><td>{k}</td><td>{_fmt(first.get('val/' + k), k)}</td>"
         f"<td>{_fmt(last.get('val/' + k), k)}</td></tr>"
@@ -202,15 +220,15 @@ def _clip(text: str, limit: int = 1500) -> str:
 def _render(t: Trajectory) -> str:
     parts = []
     for m in t.messages:
-        role = m.get("role", "?")
+        role = html.escape(str(m.get("role", "?")))
         body = html.escape(_clip(str(m.get("content") or "")))
         for call in m.get("tool_calls") or []:
             fn = call.get("function", {})
             body += (
-                f'<div class="call">→ {html.escape(fn.get("name", "?"))}'
-                f"({html.escape(_clip(fn.get('arguments') or '', 400))})</div>"
+                f'<div class="call">→ {html.escape(str(fn.get("name", "?")))}'
+                f"({html.escape(_clip(str(fn.get('arguments') or ''), 400))})</div>"
             )
-        block = f'<div class="msg {html.escape(role)}"><b>{role}</b><pre>{body}</pre></div>'
+        block = f'<div class="msg {role}"><b>{role}</b><pre>{body}</pre></div>'
         if role == "system":  # the same long text in every attempt: folded
             block = f"<details><summary>system prompt</summary>{block}</details>"
         parts.append(block)
@@ -263,14 +281,15 @@ def write_report(run_dir: str | Path) -> Path:
     ).history()
     plots = _plots(run_dir, rows)
     step, best, worst = _best_and_worst(run_dir)
-    steps = [r["step"] for r in rows]
+    steps = [str(r["step"]) for r in rows]
+    span = html.escape(f"{steps[0]}–{steps[-1]}" if steps else "0–0")
     figures = "".join(
-        f'<figure><img src="{name}" alt="{html.escape(caption)}">'
+        f'<figure><img src="{html.escape(name)}" alt="{html.escape(caption)}">'
         f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         for name, caption in plots
     )
     trajectories = (
-        f"<h2>Attempts at step {step}</h2><div class='cols'><div><h3>Best</h3>"
+        f"<h2>Attempts at step {html.escape(str(step))}</h2><div class='cols'><div><h3>Best</h3>"
         + "".join(map(_render, best))
         + "</div><div><h3>Worst</h3>"
         + "".join(map(_render, worst))
@@ -283,9 +302,10 @@ def write_report(run_dir: str | Path) -> Path:
 <style>{_CSS}</style></head><body>
 <h1>{html.escape(run_dir.parent.name)}/{html.escape(run_dir.name)}</h1>
 <p class="sub">base model {html.escape(str(info.get("base_model")))} · steps
-{min(steps, default=0)}–{max(steps, default=0)} · written {datetime.now():%Y-%m-%d %H:%M}</p>
+{span} · written {datetime.now():%Y-%m-%d %H:%M}</p>
 <h2>Validation: first and latest evaluation</h2>{_summary_table(rows)}
 {_no_update(rows)}
+{_judge_losses(rows)}
 <div class="plots">{figures}</div>
 {trajectories}
 </body></html>"""

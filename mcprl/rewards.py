@@ -18,7 +18,8 @@
   (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
 
 A judge failure is never a zero: with `drop_failed_groups`, the group is dropped with a logged
-reason; otherwise the error propagates.
+reason (and `on_drop(group, error)` is told, so that a caller can count and bound the losses);
+otherwise the error propagates.
 """
 
 from __future__ import annotations
@@ -230,6 +231,7 @@ def scorer(
     ruler_weight: float = 0.0,
     reference: ReferenceReward | None = None,
     drop_failed_groups: bool = False,
+    on_drop: Callable[[TrajectoryGroup, Exception], None] | None = None,
 ) -> Callable[[TrajectoryGroup], Any]:
     """An `after_each` callback for `gather_groups` that sets rewards (see module docstring)."""
     if ruler_weight > 0 and judge is None:
@@ -262,6 +264,8 @@ def scorer(
                 if not drop_failed_groups:
                     raise
                 logger.warning("dropping the group of %r: %s", group.scenario_id, exc)
+                if on_drop is not None:
+                    on_drop(group, exc)
                 return None
             ruler_scores = result.rewards
         for i, t in enumerate(group.trajectories):

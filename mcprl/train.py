@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mcprl._defaults import configured_llm
 from mcprl.curriculum import ScenarioSampler, is_informative
-from mcprl.errors import PreflightError
+from mcprl.errors import JudgeFailedError, PreflightError
 from mcprl.evaluate import (
     SEED_STRIDE,
     collect_groups,
@@ -93,6 +93,13 @@ class RunConfig(BaseModel):
     rubric: str = DEFAULT_RUBRIC
     seed: int = 0
     max_concurrency: int = Field(default=16, ge=1)
+    max_dropped_groups: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="stop the run, keeping nothing of the step, when the judge fails on more "
+        "than this fraction of a step's (or an evaluation's) groups",
+    )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(
         # a LoRA on the 135M default learns in a few steps only at this rate; use 1e-5..5e-5
@@ -120,6 +127,9 @@ class RunSummary(BaseModel):
     final_step: int | None = None
     times: dict[str, float] = Field(default_factory=dict)
     steps_without_update: int = Field(default=0, description="every group tied: nothing learned")
+    groups_dropped: dict[int, int] = Field(
+        default_factory=dict, description="per step: groups lost to judge failures"
+    )
     report: str | None = None
 
 
@@ -149,6 +159,7 @@ class TrainingRun:
         self.info: ServerInfo | None = None
         self._scope: anyio.CancelScope | None = None
         self._stop = False
+        self._dropped: list[Exception] = []  # judge failures since the phase began
 
     @property
     def run_dir(self) -> Path:
@@ -307,7 +318,18 @@ class TrainingRun:
             ruler_weight=weights[1],
             reference=self.config.reference_reward,
             drop_failed_groups=True,
+            on_drop=lambda group, exc: self._dropped.append(exc),
         )
+
+    def _check_judge(self, dropped: int, total: int, what: str) -> None:
+        """Raise `JudgeFailedError` if the judge lost more of `total` groups than allowed."""
+        if total and dropped / total > self.config.max_dropped_groups:
+            last = str(self._dropped[-1]) if self._dropped else "unknown"
+            raise JudgeFailedError(
+                f"the judge failed on {dropped} of {total} groups of {what}, more than "
+                f"max_dropped_groups ({self.config.max_dropped_groups:.0%}) allows; nothing of "
+                f"it was kept. The judge's last error: {last[:500]}"
+            )
 
     def _sampler(self) -> ScenarioSampler:
         """The training-scenario sampler, with the groups of every step so far replayed."""
@@ -330,6 +352,10 @@ class TrainingRun:
     async def _step(self, summary: RunSummary) -> None:
         config, step = self.config, self.backend.step(self.model) + 1
         groups, counts, times = await self._draw_groups(step)
+        dropped = int(counts["groups_dropped"])
+        self._check_judge(dropped, int(counts["groups_drawn"]), f"step {step}")
+        if dropped:
+            summary.groups_dropped[step] = dropped
         stats = summarize(groups, self.by_id)
         extra = {f"train/{k}": v for k, v in stats.items() if k not in ("reward", "reward_std")}
         extra |= {f"train/{k}": v for k, v in counts.items()}
@@ -349,7 +375,9 @@ class TrainingRun:
             f"± {m.get('reward_std', math.nan):.3f}"
             + (f", success {stats['success']:.0%}" if "success" in stats else "")
             + f", {counts['groups_trained']:.0f} groups trained"
-            + f" ({counts['groups_drawn']:.0f} drawn, {counts['groups_tied']:.0f} tied)"
+            + f" ({counts['groups_drawn']:.0f} drawn, {counts['groups_tied']:.0f} tied"
+            + (f", {dropped} lost to the judge" if dropped else "")
+            + ")"
             + (" (no signal: no update)" if m.get("skipped_update") else "")
             + f" | rollouts {times['rollout']:.0f} s, judge {times['judge']:.0f} s, "
             f"train {times['train']:.0f} s"
@@ -370,6 +398,7 @@ class TrainingRun:
         tied: list[TrajectoryGroup] = []
         drawn: list[str] = []
         times = {"rollout": 0.0, "judge": 0.0}
+        self._dropped.clear()
         while len(kept) < wanted and len(drawn) < budget:
             k = min(wanted - len(kept), budget - len(drawn))
             batch = self.sampler.draw(k, step=step, round_index=len(drawn), exclude=drawn)
@@ -398,6 +427,7 @@ class TrainingRun:
             for g in groups:
                 (kept if is_informative(g) else tied).append(g)
         counts = {
+            "groups_dropped": float(len(self._dropped)),
             "groups_drawn": float(len(drawn)),
             "groups_tied": float(len(tied)),
             "groups_trained": float(len(kept)),
@@ -423,7 +453,10 @@ class TrainingRun:
         t0 = time.perf_counter()
         # the same seeds at every evaluation: what differs is the policy
         groups = await self._collect(val, config.val_attempts, config.seed + 7, f"eval {step}")
+        self._dropped.clear()
+        rolled = len(groups)
         groups = await score_groups(groups, self.score, desc="eval judging", progress=False)
+        self._check_judge(len(self._dropped), rolled, f"the evaluation at step {step}")
         metrics = summarize(groups, self.by_id)
         metrics["time_s"] = time.perf_counter() - t0
         summary.times["eval"] = summary.times.get("eval", 0.0) + metrics["time_s"]

@@ -231,3 +231,70 @@ def test_errors_never_echo_a_huge_input(guarded, caplog):
     assert r.status_code == 403
     assert len(r.text) < 1000 and "more characters" in r.text
     assert all(len(rec.getMessage()) < 1000 for rec in caplog.records)
+
+
+# -- a failing judge stops the run instead of training on nothing ----------------------------
+
+
+def _judge_failing_on(marker: str):
+    """Answers the preflight ping; replies junk to every scoring request whose text has
+    `marker`, and ranks the others in the order shown."""
+    from tests.helpers import chat_completion, judge_ids, scores_reply
+
+    def respond(body: dict) -> tuple[int, dict]:
+        if len(body["messages"]) < 2:
+            return 200, chat_completion("OK")
+        if marker in body["messages"][1]["content"]:
+            return 200, chat_completion("I think they are all fine!")
+        ids = judge_ids(body["messages"])
+        return 200, chat_completion(scores_reply({t: 1.0 - 0.5 * i for i, t in enumerate(ids)}))
+
+    return respond
+
+
+async def _one_step(backend, marker: str, said: list[str]):
+    from mcprl.scenarios import ScenarioSet
+    from mcprl.train import RunConfig, TrainingRun
+    from tests.helpers import LocalChatServer, load_example
+    from tests.test_curriculum import _policy, _scenario, _summary
+
+    scenarios = ScenarioSet([_scenario(f"mixed{i}") for i in range(4)] + [_scenario("val")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "val" else "train"
+    with LocalChatServer(_policy) as policy, LocalChatServer(_judge_failing_on(marker)) as judge:
+        backend.base_url = policy.base_url
+        config = RunConfig(steps=1, groups_per_step=4, rollouts_per_group=2, oversample=1,
+                           eval_every=0, reward="ruler", judge="openai/j",
+                           judge_api_base=judge.base_url, write_report=False)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend, say=said.append,
+                          progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+    return summary
+
+
+@pytest.mark.anyio
+async def test_a_judge_that_always_fails_stops_the_run_before_training(tmp_path):
+    from mcprl.errors import JudgeFailedError
+    from tests.test_curriculum import RecordingBackend
+
+    backend = RecordingBackend(tmp_path, "")
+    with pytest.raises(JudgeFailedError, match=r"failed on 4 of 4 groups of step 1") as info:
+        await _one_step(backend, "Task", [])
+    assert "no valid scores" in str(info.value)  # the judge's own last error
+    assert backend.trained == []  # nothing trained, nothing checkpointed
+
+
+@pytest.mark.anyio
+async def test_a_group_lost_to_the_judge_is_counted_and_said(tmp_path):
+    from tests.test_curriculum import RecordingBackend
+
+    said: list[str] = []
+    backend = RecordingBackend(tmp_path, "")
+    summary = await _one_step(backend, "Task mixed0:", said)
+    (groups,) = backend.trained
+    assert {g.scenario_id for g in groups} == {"mixed1", "mixed2", "mixed3"}
+    assert backend.rows[0]["train/groups_dropped"] == 1
+    assert summary.groups_dropped == {1: 1}
+    assert "1 lost to the judge" in said[-1]

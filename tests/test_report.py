@@ -79,6 +79,33 @@ def test_report_has_plots_a_summary_and_the_best_and_worst_attempts(run_dir: Pat
     assert "→ add(" in html
 
 
+def test_report_says_which_steps_lost_groups_to_the_judge(run_dir: Path):
+    store = RunStore(run_dir.parent.parent, "calc", "agent")
+    store.append_history({"step": 3, "train/groups_dropped": 2.0})
+    assert "The judge failed on 2 groups</b> (step 3: 2)" in write_report(run_dir).read_text()
+
+
+def test_report_escapes_every_field_of_a_hostile_run_folder(tmp_path: Path):
+    store = RunStore(tmp_path, "calc", "agent")
+    store.write_model_info({"base_model": "<script>alert('model')</script>"})
+    store.append_history({"step": 1, "train/reward_mean": 0.5})
+    evil = "<script>alert(1)</script>"
+    attempt = Trajectory(
+        messages=[
+            {"role": evil, "content": evil},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": evil, "arguments": evil}}]},
+        ],
+        reward=1.0,
+        metadata={"scenario_id": evil},
+    )  # fmt: skip
+    store.write_trajectories(
+        "train", 1, [TrajectoryGroup(scenario_id=evil, trajectories=[attempt])]
+    )
+    html = write_report(store.dir).read_text()
+    assert "<script>" not in html and "&lt;script&gt;alert(1)" in html
+
+
 def test_report_cli_takes_project_slash_model(run_dir: Path, capsys):
     assert main(["report", "calc/agent", "--path", str(run_dir.parent.parent)]) == 0
     assert str(run_dir / "report.html") in capsys.readouterr().out

@@ -168,3 +168,25 @@ def test_ctrl_c_stops_cleanly_and_the_run_resumes(tmp_path):
     run = tmp_path / "runs" / "calculator" / "agent"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000"]
     assert not list((run / "checkpoints").glob(".*"))  # no half-written checkpoint
+
+
+def _junk_judge(body: dict) -> tuple[int, dict]:
+    """Passes the preflight ping, then never gives a usable verdict."""
+    if len(body["messages"]) < 2:
+        return 200, chat_completion("OK")
+    return 200, chat_completion('{"scores": "all good"')
+
+
+def test_a_judge_that_never_answers_usably_fails_the_run_and_keeps_no_step(tmp_path, capsys):
+    scenarios = _small_scenarios(tmp_path / "calc.jsonl")
+    with LocalChatServer(_junk_judge) as judge:
+        code = main([
+            "train", "example:calculator", "--path", str(tmp_path / "runs"), "--scenarios",
+            str(scenarios), "--reward", "ruler", "--judge", "openai/junk", "--judge-api-base",
+            judge.base_url, *TRAIN_ARGS,
+        ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "the judge failed on 1 of 1 groups" in err and "no valid scores" in err
+    checkpoints = tmp_path / "runs" / "calculator" / "agent" / "checkpoints"
+    assert not (checkpoints / "0001").exists()
