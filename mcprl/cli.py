@@ -7,6 +7,9 @@ mcprl eval SERVER --model NAME[@STEP] --model ... [--scenarios FILE]
 mcprl report PROJECT/MODEL
 mcprl autorl "TASK DESCRIPTION" [--server SERVER]
 mcprl serve [--model M] [--port P]
+
+Exit codes: 0 done, 1 an error (the message says what and how to fix it), 2 a usage error,
+130 a run stopped by Ctrl-C (what was finished is saved; the same command resumes it).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import anyio
+from pydantic import ValidationError
 
 from mcprl import __version__
 from mcprl._defaults import configured_llm
@@ -219,12 +223,37 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         oversample=args.oversample,
     )
     defaults = RunConfig()
-    fields |= {
-        "rollout": defaults.rollout.model_copy(update=rollout),
-        "train": type(defaults.train)(**(defaults.train.model_dump() | train)),
-        "write_report": not args.no_report,
-    }
-    return RunConfig(**(fields | overrides))
+    try:
+        fields |= {
+            "rollout": type(defaults.rollout)(**(defaults.rollout.model_dump() | rollout)),
+            "train": type(defaults.train)(**(defaults.train.model_dump() | train)),
+            "write_report": not args.no_report,
+        }
+        return RunConfig(**(fields | overrides))
+    except ValidationError as exc:
+        raise ValueError(_option_error(exc)) from None
+
+
+# RunConfig fields (and nested ones) by the command-line option that sets them
+_OPTIONS = {
+    "max_val_scenarios": "--max-val",
+    "max_concurrency": "--concurrency",
+    "base_model": "--model",
+    "learning_rate": "--lr",
+    "judge_api_base": "--judge-api-base",
+}
+
+
+def _option_error(exc: ValidationError) -> str:
+    """One line naming the option, the value given and what it must be."""
+    first = exc.errors()[0]
+    field = str(first["loc"][-1]) if first["loc"] else ""
+    option = _OPTIONS.get(field, "--" + field.replace("_", "-")) if field else "options"
+    message = first["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+    if "val_attempts" in message:
+        option, message = "--val-attempts", message.replace("val_attempts", "it")
+    given = f" {first['input']}" if field and not isinstance(first["input"], dict) else ""
+    return f"{option}{given}: {message}"
 
 
 def _loss_defaults(loss: str) -> dict[str, Any]:
@@ -261,6 +290,9 @@ def _train_with_ctrl_c(run: Any, prepare: Callable[[], Any]) -> Any:
         return summary
 
     return anyio.run(main)
+
+
+EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
 
 
 def _duration(seconds: float) -> str:
@@ -425,7 +457,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         run = TrainingRun(config, args.server, backend, say=_say, progress=not args.quiet)
         summary = _train_with_ctrl_c(run, lambda: run.prepare(args.scenarios, make_scenarios=make))
     print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-    return 0
+    return EXIT_INTERRUPTED if summary.interrupted else 0
 
 
 def cmd_autorl(args: argparse.Namespace) -> int:
@@ -463,7 +495,7 @@ def cmd_autorl(args: argparse.Namespace) -> int:
 
         summary = _train_with_ctrl_c(run, prepare)
     print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-    return 0
+    return EXIT_INTERRUPTED if summary.interrupted else 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -535,6 +567,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="mcprl",
         description="Train open models to use any MCP server's tools. "
         "For judging groups of trajectories, see the `ruler` command.",
+        epilog="exit codes: 0 done, 1 error, 2 usage error, 130 stopped by Ctrl-C (resumable)",
     )
     p.add_argument("--version", action="version", version=f"mcprl {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
@@ -678,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("mcprl: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

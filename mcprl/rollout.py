@@ -103,9 +103,9 @@ class RolloutConfig(BaseModel):
         default="required",
         description='"required" suits small models: every turn is a call, complete_task ends it',
     )
-    temperature: float = 1.0
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     max_tokens: int = Field(default=128, ge=1, description="per completion")
-    tool_timeout: float = 30.0
+    tool_timeout: float = Field(default=30.0, gt=0)
     max_result_chars: int = Field(default=4000, description="tool output kept per call")
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     seed: int | None = None

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcprl._defaults import configured_llm
 from mcprl.curriculum import ScenarioSampler, is_informative
@@ -108,6 +108,12 @@ class RunConfig(BaseModel):
     )
     write_report: bool = True
 
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if self.reward == "ruler" and self.val_attempts < 2:
+            raise ValueError("RULER compares attempts: val_attempts must be 2 or more")
+        return self
+
 
 class RunSummary(BaseModel):
     """What a run did, for the closing screen."""
@@ -174,6 +180,9 @@ class TrainingRun:
         make_scenarios: Callable[[ServerInfo | None], Any] | None = None,
     ) -> None:
         """Run the preflight checks (module docstring); raise `PreflightError` with the fix."""
+        from mcprl.serving import check_model
+
+        check_model(self.config.base_model)  # before anything is written or generated
         if self.server is not None:
             self.info = await inspect_server(self.server)
             self.say(f"✓ server {self.info.name}: {len(self.info.tools)} tools")

@@ -128,10 +128,29 @@ def write_groups(path: str | os.PathLike[str], groups: Iterable[TrajectoryGroup]
     return p
 
 
+def text_lines(path: str | os.PathLike[str]) -> list[str]:
+    """The lines of a UTF-8 text file; bytes that are not UTF-8 raise a `ValueError` naming the
+    file, the line and the column."""
+    p = Path(path)
+    lines = p.read_bytes().split(b"\n")
+    out = []
+    for n, raw in enumerate(lines, start=1):
+        try:
+            out.append(raw.decode("utf-8").removesuffix("\r"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{p} line {n}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                f"{exc.start + 1}); save the file as UTF-8"
+            ) from None
+    if out and out[-1] == "":
+        out.pop()
+    return out
+
+
 def read_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
     p = Path(path)
     groups = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(text_lines(p), start=1):
         if line.strip():
             try:
                 groups.append(TrajectoryGroup.model_validate_json(line))

@@ -39,8 +39,15 @@ def read_groups(path: Path) -> list[tuple[int, dict[str, Any]]]:
     if not path.is_file():
         raise InputFileError(f"{path}: no such file")
     groups = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputFileError(
+                    f"{path} line {lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                    f"{exc.start + 1}); save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:

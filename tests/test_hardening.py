@@ -298,3 +298,57 @@ async def test_a_group_lost_to_the_judge_is_counted_and_said(tmp_path):
     assert backend.rows[0]["train/groups_dropped"] == 1
     assert summary.groups_dropped == {1: 1}
     assert "1 lost to the judge" in said[-1]
+
+
+# -- careless input gets a one-line answer, before any work -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--steps", "-1"], "--steps -1: must be greater than or equal to 0"),
+        (["--max-turns", "0"], "--max-turns 0: must be greater than or equal to 1"),
+        (["--lr", "-1"], "--lr -1.0: must be greater than 0"),
+        (["--temperature", "-3"], "--temperature -3.0: must be greater than or equal to 0"),
+        (["--max-val", "0"], "--max-val 0: must be greater than or equal to 1"),
+        (
+            ["--reward", "ruler", "--val-attempts", "1"],
+            "--val-attempts: RULER compares attempts: it must be 2 or more",
+        ),
+    ],
+    ids=["steps", "max-turns", "lr", "temperature", "max-val", "val-attempts"],
+)
+def test_out_of_range_options_get_one_line_naming_the_option(tmp_path, capsys, flags, message):
+    from mcprl.cli import main
+
+    code = main(["train", "example:calculator", "--path", str(tmp_path), *flags])
+    err = capsys.readouterr().err
+    assert code == 1 and err.strip() == f"mcprl: error: {message}"
+    assert not any(tmp_path.iterdir())  # checked before anything was started or written
+
+
+def test_a_scenario_file_that_is_not_utf8_names_the_file_and_line(tmp_path):
+    from mcprl.errors import ScenarioFileError
+    from mcprl.scenarios import ScenarioSet
+
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"id": "a", "task": "Add 2 and 3."}\n{"id": "b", "task": "caf\xe9"}\n')
+    with pytest.raises(ScenarioFileError, match=r"s\.jsonl line 2: not UTF-8 text \(byte 0xe9"):
+        ScenarioSet.load(path)
+
+
+def test_a_mistyped_model_leaves_nothing_behind_and_the_corrected_command_works(tmp_path, capsys):
+    from mcprl.cli import main
+
+    runs = tmp_path / "runs"
+    argv = ["train", "example:calculator", "--path", str(runs), "--steps", "0", "--eval-every",
+            "0", "--max-val", "1", "--val-attempts", "1", "--max-tokens", "8", "--no-report",
+            "-q"]  # fmt: skip
+    assert main([*argv, "--model", "no-such-model-xyz"]) == 1
+    err = capsys.readouterr().err
+    assert "--model 'no-such-model-xyz' is not 'smollm2-135m'" in err
+    assert "HF_HUB_OFFLINE" in err  # the tests run with the hub off: it says so, at once
+    assert not runs.exists() or not any(runs.rglob("*.json*"))
+    assert main([*argv, "--model", "./no/such/dir"]) == 1
+    assert "no such directory" in capsys.readouterr().err
+    assert main(argv) == 0  # the default model: the run starts as if nothing had happened

@@ -67,6 +67,10 @@ BAD_FILES = {
         "line 2: trajectory 1",
     ),
     "empty": ("\n\n", "no groups found"),
+    "not UTF-8 on line 2": (
+        EXAMPLE.read_text().splitlines()[0] + '\n[[{"role": "user", "content": "caf\udce9"}]]\n',
+        "line 2: not UTF-8 text (byte 0xe9",
+    ),
 }
 
 
@@ -74,7 +78,7 @@ BAD_FILES = {
 def test_bad_input_exits_non_zero_naming_the_line(name, tmp_path, capsys):
     text, message = BAD_FILES[name]
     src = tmp_path / "bad.jsonl"
-    src.write_text(text)
+    src.write_bytes(text.encode("utf-8", "surrogateescape"))
     code = main(["score", str(src), "--judge", "openai/local", "--api-base", "http://127.0.0.1:9"])
     err = capsys.readouterr().err
     assert code == 2

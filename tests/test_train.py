@@ -161,7 +161,7 @@ def test_ctrl_c_stops_cleanly_and_the_run_resumes(tmp_path):
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, "".join(lines) + err
+    assert proc.returncode == 130, "".join(lines) + err  # a script can tell it was cut short
     assert "stopping:" in err
     assert "stopped early at step 0" in out
     assert "resume: mcprl train" in out

@@ -75,17 +75,19 @@ class LocalBackend:
         key = (model.project, model.name)
         if key in self._runs:
             return
-        store = RunStore(self.path, model.project, model.name)
         lora = LoraConfig(**model.config.get("lora", {}))
-        info = store.read_model_info()
+        # nothing is written until the model has loaded: a mistyped name leaves no trace
+        info = RunStore(self.path, model.project, model.name, read_only=True).read_model_info()
         if info is not None and info.get("base_model") != model.base_model:
             raise ValueError(
-                f"{store.dir} was trained from {info.get('base_model')!r}, not "
-                f"{model.base_model!r}; use another model name or project"
+                f"{self.path / model.project / model.name} was trained from "
+                f"{info.get('base_model')!r}, not {model.base_model!r}; use another model name "
+                "or project"
             )
+        server = self._ensure_server(model.base_model)
+        store = RunStore(self.path, model.project, model.name)
         if info is None:
             store.write_model_info({"base_model": model.base_model, "lora": lora.model_dump()})
-        server = self._ensure_server(model.base_model)
         latest = store.latest_step()
         from mcprl.serving import resolve_model
 

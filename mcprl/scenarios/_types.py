@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mcprl.errors import ScenarioFileError
+from mcprl.types import text_lines
 
 __all__ = ["Reference", "ReferenceCall", "Scenario", "ScenarioSet"]
 
@@ -132,9 +133,11 @@ class ScenarioSet:
         """Read a JSONL file; a bad line raises `ScenarioFileError` naming it and the problem."""
         p = Path(path)
         try:
-            lines = p.read_text(encoding="utf-8").splitlines()
+            lines = text_lines(p)
         except OSError as exc:
             raise ScenarioFileError(f"cannot read scenario file {p}: {exc}") from exc
+        except ValueError as exc:
+            raise ScenarioFileError(str(exc)) from None
         scenarios: list[Scenario] = []
         seen: dict[str, int] = {}
         for n, line in enumerate(lines, start=1):

