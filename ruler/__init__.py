@@ -25,6 +25,7 @@ from ruler.errors import (
     JudgeAPIError,
     JudgeError,
     JudgeParseError,
+    PromptTooLargeError,
     RulerError,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "JudgeScore",
     "LLMClient",
     "Message",
+    "PromptTooLargeError",
     "RetryPolicy",
     "RulerError",
     "Trajectory",

@@ -163,7 +163,7 @@ class Judge:
         request = self.llm.request(prompt.messages())
         key = None
         if self.cache is not None:
-            key = cache_key({k: v for k, v in request.items() if k not in ("api_key", "timeout")})
+            key = cache_key({k: v for k, v in request.items() if k not in _NOT_IN_KEY})
             hit = await self.cache.get(key)
             if hit is not None:
                 logger.debug("ruler: cache hit for a group of %d", len(group))
@@ -205,6 +205,10 @@ class Judge:
             raw_reply=reply,
             problems=problems,
         )
+
+
+# request fields that do not change the verdict
+_NOT_IN_KEY = ("api_key", "timeout", "max_retries", "num_retries")
 
 
 def _make_cache(cache: bool | str | os.PathLike[str] | JudgeCache | None) -> JudgeCache | None:

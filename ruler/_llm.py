@@ -65,6 +65,9 @@ def _litellm():
     return litellm
 
 
+_NO_LIBRARY_RETRIES = {"max_retries": 0, "num_retries": 0}
+
+
 async def litellm_acompletion(**kwargs: Any) -> Any:
     return await _litellm().acompletion(**kwargs)
 
@@ -149,6 +152,9 @@ class LLMClient:
     def request(self, messages: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
         """The keyword arguments a call sends (without `response_format`)."""
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+        if self.completion_fn is litellm_acompletion:
+            # one retry layer, ours (`retry`): LiteLLM's and the OpenAI client's would multiply it
+            kwargs.update(_NO_LIBRARY_RETRIES)
         kwargs.update(self.extra_params)
         for name in ("api_base", "api_key", "temperature", "timeout"):
             if getattr(self, name) is not None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ruler._rubric import INSTRUCTIONS
 from ruler._types import Message, Trajectory
+from ruler.errors import PromptTooLargeError
 
 logger = logging.getLogger("ruler")
 
@@ -108,9 +109,10 @@ def _render_user(
     return "\n".join(parts)
 
 
-def _cut(text: str, keep: int) -> str:
+def _cut(text: str, keep: int, role: str) -> str:
     cut = len(text) - keep
-    return f"{text[:keep]}\n…[tool output truncated by ruler: {cut} of {len(text)} characters cut]"
+    what = "tool output" if role == "tool" else f"{role} message"
+    return f"{text[:keep]}\n…[{what} truncated by ruler: {cut} of {len(text)} characters cut]"
 
 
 def build_prompt(
@@ -127,13 +129,13 @@ def build_prompt(
     fence = _fence_nonce(unique, rubric)
     system = INSTRUCTIONS.format(rubric=rubric, fence=fence)
 
-    def render(cap: int | None) -> str:
+    def render(cap: int | None, roles: frozenset[str] = _TOOL) -> str:
         def fit(msgs: list[Message]) -> list[Message]:
             if cap is None:
                 return msgs
             return [
-                m.model_copy(update={"content": _cut(m.content, cap)})
-                if m.role == "tool" and m.content and len(m.content) > cap
+                m.model_copy(update={"content": _cut(m.content, cap, m.role)})
+                if m.role in roles and m.content and len(m.content) > cap
                 else m
                 for m in msgs
             ]
@@ -145,33 +147,37 @@ def build_prompt(
     user = render(None)
     truncated = 0
     if max_chars is not None and len(system) + len(user) > max_chars:
-        user, truncated = _fit_budget(render, prefix, tails, max_chars - len(system))
+        budget = max_chars - len(system)
+        # tool outputs are cut first; then, if that is not enough, the longest messages of any kind
+        user, truncated = _fit_budget(render, prefix, tails, budget, _TOOL)
+        if len(user) > budget:
+            user, truncated = _fit_budget(render, prefix, tails, budget, _ANY)
+        if len(user) > budget:
+            raise PromptTooLargeError(
+                f"the group's judge prompt is {len(system) + len(user)} characters even with "
+                f"every message cut to {MIN_TOOL_CHARS}, over max_prompt_chars ({max_chars}); "
+                "raise max_prompt_chars or judge fewer, shorter attempts"
+            )
+        logger.info("ruler: over the size budget; cut %d messages", truncated)
     return Prompt(system, user, judge_ids, index_of, truncated)
 
 
-def _fit_budget(render, prefix, tails, budget: int) -> tuple[str, int]:
-    """Find the largest cap on tool-output length that fits the budget (water-filling)."""
+_TOOL = frozenset({"tool"})
+_ANY = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def _fit_budget(render, prefix, tails, budget: int, roles: frozenset[str]) -> tuple[str, int]:
+    """The largest cap on the length of `roles`' messages that fits the budget (water-filling),
+    and how many messages it cuts."""
     lengths = [
-        len(m.content) for msgs in [prefix, *tails] for m in msgs if m.role == "tool" and m.content
+        len(m.content) for msgs in [prefix, *tails] for m in msgs if m.role in roles and m.content
     ]
     longest = max(lengths, default=0)
     cap = MIN_TOOL_CHARS
-    if longest > MIN_TOOL_CHARS and len(render(MIN_TOOL_CHARS)) <= budget:
+    if longest > MIN_TOOL_CHARS and len(render(MIN_TOOL_CHARS, roles)) <= budget:
         lo, hi = MIN_TOOL_CHARS, longest  # render(lo) fits, render(hi) does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if len(render(mid)) <= budget else (lo, mid)
+            lo, hi = (mid, hi) if len(render(mid, roles)) <= budget else (lo, mid)
         cap = lo
-    user = render(cap)
-    truncated = sum(1 for n in lengths if n > cap)
-    if len(user) > budget:
-        logger.warning(
-            "ruler: judge prompt is %d characters, over the budget of %d even with tool outputs "
-            "cut to %d characters; sending it anyway",
-            len(user),
-            budget,
-            cap,
-        )
-    elif truncated:
-        logger.info("ruler: over the size budget; cut %d tool outputs to %d chars", truncated, cap)
-    return user, truncated
+    return render(cap, roles), sum(1 for n in lengths if n > cap)

@@ -5,7 +5,8 @@ RulerError
 ├── InvalidGroupError      the input is not a usable group (bad message, fewer than 2 attempts, ...)
 └── JudgeError             the judge could not produce scores
     ├── JudgeAPIError      the provider refused the call, or kept failing after retries
-    └── JudgeParseError    the judge answered, but never with valid scores (carries the raw reply)
+    ├── JudgeParseError    the judge answered, but never with valid scores (carries the raw reply)
+    └── PromptTooLargeError the group does not fit max_prompt_chars, even with messages cut
 ```
 
 Errors of the completion function (LiteLLM's or an injected one) are converted here, in
@@ -14,7 +15,14 @@ Errors of the completion function (LiteLLM's or an injected one) are converted h
 
 from __future__ import annotations
 
-__all__ = ["InvalidGroupError", "JudgeAPIError", "JudgeError", "JudgeParseError", "RulerError"]
+__all__ = [
+    "InvalidGroupError",
+    "JudgeAPIError",
+    "JudgeError",
+    "JudgeParseError",
+    "PromptTooLargeError",
+    "RulerError",
+]
 
 
 class RulerError(Exception):
@@ -57,6 +65,10 @@ class JudgeParseError(JudgeError):
         super().__init__(message)
         self.raw_reply = raw_reply
         self.problems = problems
+
+
+class PromptTooLargeError(JudgeError):
+    """A group's prompt stays over `max_prompt_chars` with every message cut; nothing was sent."""
 
 
 _HINTS = {

@@ -387,7 +387,27 @@ async def test_an_oversized_group_has_its_longest_tool_outputs_cut_first(caplog)
     assert len(system) + len(user) <= 12_000
     assert "tool output truncated by ruler" in user
     assert small in user  # the short output is untouched
-    assert "cut 1 tool outputs" in caplog.text
+    assert "cut 1 messages" in caplog.text
+
+
+async def test_a_group_too_large_outside_tool_outputs_has_its_longest_messages_cut():
+    fn = ScriptedJudge(scores_reply({"1": 0.5, "2": 0.5}))
+    rambling = "I will now think about this at length. " * 1500  # 60k characters, not a tool's
+    await judge(fn, max_prompt_chars=12_000).score([attempt(rambling), attempt("42")])
+    system, user = (m["content"] for m in fn.requests[0]["messages"])
+    assert len(system) + len(user) <= 12_000
+    assert "assistant message truncated by ruler" in user
+    assert '"content":"42"' in user.replace(" ", "")  # the short answer is whole
+
+
+async def test_a_group_that_cannot_fit_is_refused_not_sent():
+    from ruler import PromptTooLargeError
+
+    fn = ScriptedJudge(scores_reply({"1": 0.5, "2": 0.5}))
+    many = [attempt(f"answer {i}") for i in range(2)]
+    with pytest.raises(PromptTooLargeError, match="max_prompt_chars"):
+        await judge(fn, max_prompt_chars=1_500).score(many)
+    assert fn.requests == []
 
 
 async def test_a_group_within_budget_is_not_touched():

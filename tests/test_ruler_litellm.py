@@ -84,7 +84,6 @@ async def test_real_http_endpoint_5xx_is_retried():
             api_key="local",
             cache=False,
             retry=RetryPolicy(initial_delay=0.01),
-            extra_params={"max_retries": 0},  # LiteLLM's own retries off: ours are counted
         )
         result = await judge.score([attempt("42"), attempt("41")])
     assert result.rewards == [1.0, 0.25]
@@ -101,7 +100,6 @@ async def test_real_http_endpoint_auth_failure_is_not_retried():
             api_base=server.base_url,
             api_key="wrong",
             cache=False,
-            extra_params={"max_retries": 0},
         )
         with pytest.raises(JudgeAPIError) as info:
             await judge.score([attempt("42"), attempt("41")])
@@ -117,7 +115,6 @@ async def test_unreachable_endpoint_raises_after_retries():
         api_key="local",
         cache=False,
         retry=RetryPolicy(max_attempts=2, initial_delay=0.01),
-        extra_params={"max_retries": 0},
     )
     with pytest.raises(JudgeAPIError, match="after 2 attempts"):
         await judge.score([attempt("42"), attempt("41")])
@@ -128,3 +125,20 @@ async def test_a_local_endpoint_needs_no_api_key():
         judge = Judge("openai/local-judge", api_base=server.base_url, cache=False)
         result = await judge.score([attempt("42"), attempt("41")])
     assert result.rewards == [1.0, 0.25]
+
+
+async def test_a_failing_endpoint_is_tried_exactly_as_often_as_the_retry_policy_says():
+    def broken(body: dict) -> tuple[int, dict]:
+        return 500, {"error": {"message": "boom", "type": "server_error"}}
+
+    with LocalChatServer(broken) as server:
+        judge = Judge(
+            "openai/local-judge",
+            api_base=server.base_url,
+            cache=False,
+            retry=RetryPolicy(max_attempts=3, initial_delay=0.01),
+        )  # no extra_params: LiteLLM's and the OpenAI client's own retries must be off
+        for _ in range(2):
+            with pytest.raises(JudgeAPIError, match="after 3 attempts"):
+                await judge.score([attempt("42"), attempt("41")])
+    assert len(server.requests) == 6  # 3 per group, not 3 × the libraries' retries
