@@ -146,6 +146,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for d in dirs:
         if not d.is_dir():
             raise ValueError(f"--allow-adapter-dir {d}: no such directory")
+    _quiet_libraries()
     print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
     engine = Engine(load_model(args.model, dtype=args.dtype), max_batch_size=args.max_batch_size)
     for item in args.lora or []:
