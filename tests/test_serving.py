@@ -184,13 +184,13 @@ def test_the_same_seed_gives_the_same_output(client):
     assert a.choices[0].model_extra["token_ids"] != c.choices[0].model_extra["token_ids"]
 
 
-def test_concurrent_requests_all_complete_in_shared_waves(client, server):
-    before = server.engine.stats["waves"]
+def test_concurrent_requests_all_complete_in_a_shared_batch(client, server):
+    before = server.engine.stats["prefills"]
     prompts = [f"Write the number {i} in words." for i in range(8)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(lambda p: ask(client, p, max_tokens=8, seed=1), prompts))
     assert all(r.choices[0].message.content for r in replies)
-    assert server.engine.stats["waves"] - before < 8  # requests were batched together
+    assert server.engine.stats["prefills"] - before < 8  # requests were batched together
 
 
 def _random_adapter(path, seed: int) -> str:

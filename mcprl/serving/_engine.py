@@ -1,11 +1,13 @@
-"""The CPU policy engine: batched generation with a KV cache, for many requests at once.
+"""The policy engine: continuous batching with a KV cache, for many requests at once.
 
-Requests arrive from any thread or event loop and wait in a queue. A worker thread takes the
-oldest request and every waiting request for the same model (base or LoRA adapter), up to a
-batch size, and decodes them together: one prefill of the left-padded prompts, then one forward
-pass per token for the whole batch. Finished rows leave the batch (and the KV cache) at once, so
-short answers do not pay for long ones. Requests that arrive meanwhile wait for the next wave
-(dynamic batching).
+Requests arrive from any thread or event loop and wait in a queue. A worker thread runs one
+batch of rows for one model (the base or a LoRA adapter), a token at a time: at every step,
+waiting requests for that model join (their prompts are prefilled, from a cached shared prefix
+where there is one, and their keys and values merged into the batch's cache), every row samples
+its next token, and finished rows leave at once. There are no waves: a request never waits for
+others to finish, only for the next step (or, if it is for another model, for the running batch
+to drain). Sampling, stop and length checks are tensor operations, with one host-device sync
+per step; the engine runs on the model's device (CPU or CUDA).
 
 Every token records its id, its log-probability under the distribution it was sampled from
 (temperature, top-p and any grammar mask applied) and under the model itself (temperature 1, no
@@ -79,19 +81,20 @@ class _Request:
 class _Row:
     request: _Request
     choice: int
-    generator: torch.Generator
+    draws: torch.Tensor
     matcher: Any = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     model_logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str = "length"
 
 
 class Engine:
     """Owns the model; generation requests are batched by a worker thread.
 
     Use `generate` from async code, `generate_blocking` from threads. `paused()` holds the
-    model for a training step: no wave runs while it is held.
+    model for a training step: no decoding step runs while it is held.
     """
 
     def __init__(
@@ -119,7 +122,12 @@ class Engine:
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._pending: deque[_Request] = deque()
         self._closed = False
-        self.stats = {"waves": 0, "rows": 0, "tokens": 0}
+        self._batch: _Batch | None = None
+        self._idle = threading.Condition(self._model_lock)  # notified after every step
+        self._stops: torch.Tensor | None = None
+        self.device = next(self.model.parameters()).device
+        # prefills: admissions into the running batch; steps: forward passes of the batch
+        self.stats = {"prefills": 0, "steps": 0, "rows": 0, "tokens": 0}
         use_prefix = prefix_cache and os.environ.get("MCPRL_PREFIX_CACHE", "1") != "0"
         self.prefix_cache = PrefixCache() if use_prefix else None
         threads = int(os.environ.get("MCPRL_TORCH_THREADS", "0")) or torch.get_num_threads()
@@ -154,7 +162,7 @@ class Engine:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """Hold the model (for training): waves wait until the block ends."""
+        """Hold the model (for training): decoding waits until the block ends."""
         with self._model_lock:
             yield
 
@@ -176,7 +184,10 @@ class Engine:
                 self.prefix_cache.drop(name)
 
     def unload_adapter(self, name: str) -> None:
+        """Unload `name`, after the rows decoding with it have finished."""
         with self._model_lock:
+            while self._batch is not None and self._batch.adapter == name:
+                self._idle.wait(timeout=1.0)
             if name not in self.adapters:
                 raise KeyError(name)
             del self.adapters[name]
@@ -199,46 +210,109 @@ class Engine:
 
     def _run(self) -> None:
         while True:
-            if not self._pending:
+            if self._batch is None and not self._pending:
                 item = self._queue.get()
                 if item is None:
                     return
                 self._pending.append(item)
-                time.sleep(self.batch_wait_s)  # let concurrent requests join this wave
-            while True:
+                time.sleep(self.batch_wait_s)  # let concurrent requests start together
+            self._drain_queue()
+            with self._model_lock:
                 try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._closed = True
-                    break
-                self._pending.append(item)
-            batch = self._take_batch()
-            try:
-                with self._model_lock:
-                    self._wave(batch)
-            except Exception as exc:  # a failed wave fails its requests, never the engine
-                logger.exception("generation failed")
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
-            if self._closed and not self._pending:
+                    self._admit()
+                    if self._batch is not None:
+                        self._step()
+                except Exception as exc:  # a failed step fails its requests, never the engine
+                    logger.exception("generation failed")
+                    self._fail(exc)
+                self._idle.notify_all()
+            if self._closed and self._batch is None and not self._pending:
                 return
 
-    def _take_batch(self) -> list[_Request]:
-        adapter = self._pending[0].adapter
-        batch, rest, rows = [], deque(), 0
+    def _drain_queue(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                self._closed = True
+                return
+            self._pending.append(item)
+
+    def _fail(self, exc: Exception) -> None:
+        rows = self._batch.rows if self._batch is not None else []
+        for request in {id(r.request): r.request for r in rows}.values():
+            if not request.future.done():
+                request.future.set_exception(exc)
+        self._batch = None
+
+    def _admit(self) -> None:
+        """Prefill waiting requests into the running batch (continuous batching).
+
+        Requests are admitted in arrival order. One for another model (base or adapter) than the
+        running batch's waits until that batch drains, and those behind it wait too: no request
+        is overtaken for long, whatever the others ask for.
+        """
+        if not self._pending:
+            return
+        running = self._batch.rows if self._batch is not None else []
+        adapter = self._batch.adapter if self._batch is not None else self._pending[0].adapter
+        joining: list[_Request] = []
+        rows = len(running)
         while self._pending:
-            request = self._pending.popleft()
-            fits = rows + request.params.n <= self.max_batch_size or not batch
-            if request.adapter == adapter and fits:
-                batch.append(request)
-                rows += request.params.n
-            else:
-                rest.append(request)
-        self._pending = rest
-        return batch
+            request = self._pending[0]
+            if request.adapter != adapter:
+                break
+            if rows + request.params.n > self.max_batch_size and (rows or joining):
+                break
+            self._pending.popleft()
+            if adapter is not None and adapter not in self.adapters:
+                request.future.set_exception(KeyError(f"the adapter {adapter!r} was unloaded"))
+                continue
+            joining.append(request)
+            rows += request.params.n
+        if not joining:
+            return
+        new_rows = [
+            _Row(r, j, _draws(r.params, j), self._matcher(r))
+            for r in joining
+            for j in range(r.params.n)
+        ]
+        self.stats["prefills"] += 1
+        self.stats["rows"] += len(new_rows)
+        model, context = self._forward(adapter)
+        with context:
+            joined = self._prefill(model, new_rows, adapter)
+        self._batch = joined if self._batch is None else self._batch.merge(joined)
+
+    def _step(self) -> None:
+        """Sample one token for every row, retire finished rows, run the model once."""
+        batch = self._batch
+        tokens, finished = self._sample(batch)
+        self.stats["steps"] += 1
+        self.stats["tokens"] += len(batch.rows)
+        for k in finished:
+            self._complete(batch.rows[k])
+        if finished:
+            keep = [k for k in range(len(batch.rows)) if k not in set(finished)]
+            if not keep:
+                self._batch = None
+                return
+            batch.select(keep)
+            tokens = tokens[torch.tensor(keep, device=tokens.device)]
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
+        batch.positions = batch.positions + 1
+        model, context = self._forward(batch.adapter)
+        with context:
+            out = model(
+                input_ids=tokens[:, None],
+                attention_mask=batch.mask,
+                position_ids=batch.positions,
+                past_key_values=batch.cache,
+                use_cache=True,
+            )
+        batch.logits = out.logits[:, -1, :].float()
 
     def _forward(self, adapter: str | None):
         if self._peft is None:
@@ -248,30 +322,20 @@ class Engine:
         self._peft.set_adapter(adapter)
         return self._peft, nullcontext()
 
-    @torch.inference_mode()
-    def _wave(self, batch: list[_Request]) -> None:
-        rows = [
-            _Row(r, j, _generator(r.params.seed, j), self._matcher(r))
-            for r in batch
-            for j in range(r.params.n)
-        ]
-        self.stats["waves"] += 1
-        self.stats["rows"] += len(rows)
-        model, context = self._forward(batch[0].adapter)
-        with context:
-            self._decode(model, rows, batch[0].adapter)
-
     def _matcher(self, request: _Request) -> Any:
         return None if request.grammar is None else self.grammars.matcher(request.grammar)
 
     def _prefix_kv(self, model: Any, ids: list[int]) -> Any:
         cache = DynamicCache()
         model(
-            input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1
+            input_ids=torch.tensor([ids], device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
         )
         return [(layer.keys, layer.values) for layer in cache.layers]
 
-    def _prefill(self, model: Any, rows: list[_Row], adapter: str | None):
+    def _prefill(self, model: Any, rows: list[_Row], adapter: str | None) -> _Batch:
         """Run the prompts (left-padded) from the longest cached shared prefix on."""
         prompts = [r.request.prompt_ids for r in rows]
         start, kv = 0, None
@@ -282,11 +346,15 @@ class Engine:
         cache = expanded_cache(kv or [], len(rows))
         width = max(len(p) - start for p in prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.tensor([[pad] * (width - len(p) + start) + p[start:] for p in prompts])
-        tail = torch.tensor(
-            [[0] * (width - len(p) + start) + [1] * (len(p) - start) for p in prompts]
+        device = self.device
+        ids = torch.tensor(
+            [[pad] * (width - len(p) + start) + p[start:] for p in prompts], device=device
         )
-        mask = torch.cat([torch.ones(len(rows), start, dtype=tail.dtype), tail], dim=1)
+        tail = torch.tensor(
+            [[0] * (width - len(p) + start) + [1] * (len(p) - start) for p in prompts],
+            device=device,
+        )
+        mask = torch.cat([tail.new_ones(len(rows), start), tail], dim=1)
         positions = start + (tail.cumsum(-1) - 1).clamp(min=0)
         out = model(
             input_ids=ids,
@@ -296,90 +364,94 @@ class Engine:
             use_cache=True,
             logits_to_keep=1,
         )
-        return out, cache, mask, positions
+        params = [r.request.params for r in rows]
+        return _Batch(
+            rows=rows,
+            adapter=adapter,
+            cache=cache,
+            mask=mask,
+            positions=positions[:, -1:],
+            logits=out.logits[:, -1, :].float(),
+            draws=_stack_draws([r.draws for r in rows], device),
+            temperature=torch.tensor([[p.temperature or 1.0] for p in params], device=device),
+            greedy=torch.tensor([p.temperature == 0 for p in params], device=device),
+            top_p=torch.tensor([p.top_p for p in params], device=device),
+            max_len=torch.tensor(
+                [
+                    min(p.max_tokens, self.max_context - len(r.request.prompt_ids))
+                    for p, r in zip(params, rows, strict=True)
+                ],
+                device=device,
+            ),
+            stops_at_eos=torch.tensor([not p.ignore_eos for p in params], device=device),
+            count=torch.zeros(len(rows), dtype=torch.long, device=device),
+        )
 
-    def _decode(self, model: Any, rows: list[_Row], adapter: str | None = None) -> None:
-        out, cache, mask, positions = self._prefill(model, rows, adapter)
-        active = list(range(len(rows)))
-        while active:
-            logits = out.logits[:, -1, :].float()
-            chosen = self._sample(logits, [rows[i] for i in active])
-            keep, next_ids = [], []
-            for k, i in enumerate(active):
-                token = chosen[k]
-                if not self._finished(rows[i], token):
-                    keep.append(k)
-                    next_ids.append(token)
-            self.stats["tokens"] += len(active)
-            if not keep:
-                break
-            if len(keep) < len(active):
-                index = torch.tensor(keep)
-                cache.batch_select_indices(index)
-                mask, positions = mask[index], positions[index]
-            active = [active[k] for k in keep]
-            mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
-            positions = positions[:, -1:] + 1
-            out = model(
-                input_ids=torch.tensor(next_ids)[:, None],
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-            )
+    def _sample(self, batch: _Batch) -> tuple[torch.Tensor, list[int]]:
+        """Sample every row's next token with tensor operations; one host sync per step.
 
-    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> list[int]:
+        Returns the tokens (on the device) and the rows that finished with them. Per row, only
+        bookkeeping runs in Python: appending the token and its log-probabilities, and the
+        grammar matcher of a constrained row (a terminated matcher is never asked again).
+        """
+        rows, logits = batch.rows, batch.logits
         model_logp = torch.log_softmax(logits, dim=-1)
-        constrained = [k for k, r in enumerate(rows) if r.matcher is not None]
+        constrained = [
+            k for k, r in enumerate(rows) if r.matcher is not None and not r.matcher.is_terminated()
+        ]
         if constrained:
             bitmask = self.grammars.bitmask(len(rows))
             for k in constrained:
                 rows[k].matcher.fill_next_token_bitmask(bitmask, k)
-            apply_bitmask(logits, bitmask, constrained)
-        temps = torch.tensor([r.request.params.temperature or 1.0 for r in rows])[:, None]
-        logp = torch.log_softmax(logits / temps, dim=-1)
-        top_ps = [r.request.params.top_p for r in rows]
-        if any(p < 1.0 for p in top_ps):
-            logp = _top_p(logp, torch.tensor(top_ps))
-        # Inverse-CDF sampling, one uniform draw per row from that row's own generator: as exact
-        # as torch.multinomial and about 20x cheaper on a 49k vocabulary.
+            apply_bitmask(logits, bitmask.to(logits.device), constrained)
+        logp = torch.log_softmax(logits / batch.temperature, dim=-1)
+        if bool((batch.top_p < 1.0).any()):
+            logp = _top_p(logp, batch.top_p)
+        # Inverse-CDF sampling with one uniform draw per row from that row's own seeded stream:
+        # as exact as torch.multinomial and about 20x cheaper on a 49k vocabulary.
         cdf = logp.exp().cumsum(dim=-1)
-        draws = torch.tensor([float(torch.rand(1, generator=r.generator)) for r in rows])
+        draws = batch.draws.gather(1, batch.count[:, None])[:, 0]
         targets = (draws * cdf[:, -1]).clamp(min=1e-12)[:, None]
         sampled = torch.searchsorted(cdf, targets).clamp(max=logp.shape[-1] - 1)[:, 0]
-        tokens = []
+        tokens = torch.where(batch.greedy, logp.argmax(dim=-1), sampled)
+        picked = tokens[:, None]
+        batch.count += 1
+        stop = torch.isin(tokens, self._stop_tensor(tokens.device)) & batch.stops_at_eos
+        done = stop | (batch.count >= batch.max_len)
+        host = torch.stack(
+            [
+                tokens.double(),
+                logp.gather(1, picked)[:, 0].double(),
+                model_logp.gather(1, picked)[:, 0].double(),
+                stop.double() + done.double(),  # 2: stopped, 1: hit a length limit, 0: goes on
+            ]
+        ).tolist()  # the one host-device sync of the step
+        finished = []
         for k, row in enumerate(rows):
-            params = row.request.params
-            token = int(torch.argmax(logp[k])) if params.temperature == 0 else int(sampled[k])
-            tokens.append(token)
+            token = int(host[0][k])
             row.tokens.append(token)
-            row.logprobs.append(float(logp[k, token]))
-            row.model_logprobs.append(float(model_logp[k, token]))
+            row.logprobs.append(host[1][k])
+            row.model_logprobs.append(host[2][k])
+            params = row.request.params
             if params.top_logprobs:
                 values, ids = torch.topk(logp[k], params.top_logprobs)
                 row.top.append([(int(i), float(v)) for i, v in zip(ids, values, strict=True)])
             if row.matcher is not None and not row.matcher.is_terminated():
                 row.matcher.accept_token(token)
-        return tokens
+            state = host[3][k]
+            if params.stop and _hit_stop(self.tokenizer, row.tokens, params.stop):
+                state = 2.0
+            if state:
+                row.finish_reason = "stop" if state >= 2 else "length"
+                finished.append(k)
+        return tokens, finished
 
-    def _finished(self, row: _Row, token: int) -> bool:
-        params = row.request.params
-        reason = None
-        if (token in self.stop_token_ids and not params.ignore_eos) or (
-            params.stop and _hit_stop(self.tokenizer, row.tokens, params.stop)
-        ):
-            reason = "stop"
-        elif (
-            len(row.tokens) >= params.max_tokens
-            or len(row.request.prompt_ids) + len(row.tokens) >= self.max_context
-        ):
-            reason = "length"
-        if reason is None:
-            return False
-        self._complete(row, reason)
-        return True
+    def _stop_tensor(self, device: torch.device) -> torch.Tensor:
+        if self._stops is None or self._stops.device != device:
+            self._stops = torch.tensor(sorted(self.stop_token_ids), device=device)
+        return self._stops
 
-    def _complete(self, row: _Row, reason: str) -> None:
+    def _complete(self, row: _Row) -> None:
         request = row.request
         body = (
             row.tokens[:-1] if row.tokens and row.tokens[-1] in self.stop_token_ids else row.tokens
@@ -389,10 +461,86 @@ class Engine:
             if s in text:
                 text = text[: text.index(s)]
         request.results[row.choice] = Completion(
-            row.tokens, row.logprobs, row.model_logprobs, row.top, reason, text
+            row.tokens, row.logprobs, row.model_logprobs, row.top, row.finish_reason, text
         )
         if all(r is not None for r in request.results) and not request.future.done():
             request.future.set_result(list(request.results))
+
+
+@dataclass
+class _Batch:
+    """The rows decoding together: their KV cache, attention mask and sampling state.
+
+    Rows are left-padded to a common length; each row's positions are explicit, so rows that
+    joined at different times share one cache. Row-wise tensors are kept in row order.
+    """
+
+    rows: list[_Row]
+    adapter: str | None
+    cache: Any
+    mask: torch.Tensor  # [rows, length], 0 on padding
+    positions: torch.Tensor  # [rows, 1], the position of each row's last token
+    logits: torch.Tensor  # [rows, vocab], for each row's next token
+    draws: torch.Tensor  # [rows, tokens], each row's uniform draws in order
+    temperature: torch.Tensor  # [rows, 1]
+    greedy: torch.Tensor  # [rows]
+    top_p: torch.Tensor  # [rows]
+    max_len: torch.Tensor  # [rows], tokens a row may sample (max_tokens, context)
+    stops_at_eos: torch.Tensor  # [rows]
+    count: torch.Tensor  # [rows], tokens sampled so far
+
+    _ROWWISE = ("logits", "draws", "temperature", "greedy", "top_p", "max_len", "stops_at_eos",
+                "count", "positions")  # fmt: skip
+
+    def select(self, keep: list[int]) -> None:
+        """Keep these rows; drop the cache columns no remaining row attends to."""
+        index = torch.tensor(keep, device=self.mask.device)
+        self.rows = [self.rows[k] for k in keep]
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+        for name in self._ROWWISE:
+            setattr(self, name, getattr(self, name)[index])
+        used = self.mask.any(dim=0)
+        first = int(used.int().argmax()) if bool(used.any()) else 0
+        if first:
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+    def merge(self, other: _Batch) -> _Batch:
+        """One batch of both: the shorter side is left-padded (masked out) to the longer."""
+        if other.adapter != self.adapter:
+            raise ValueError("only rows for the same model share a batch")
+        length = max(self.mask.shape[1], other.mask.shape[1])
+
+        def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
+            missing = length - t.shape[dim]
+            if not missing:
+                return t
+            shape = list(t.shape)
+            shape[dim] = missing
+            return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)])
+            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)])
+        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)])
+        width = max(self.draws.shape[1], other.draws.shape[1])
+        self.draws = torch.cat([_pad_right(self.draws, width), _pad_right(other.draws, width)])
+        for name in self._ROWWISE:
+            if name != "draws":
+                setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self.rows = self.rows + other.rows
+        return self
+
+
+def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
+    return t if t.shape[1] == width else torch.cat([t, t.new_zeros(len(t), width - t.shape[1])], 1)
+
+
+def _stack_draws(draws: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    width = max(len(d) for d in draws)
+    return torch.stack([torch.cat([d, d.new_zeros(width - len(d))]) for d in draws]).to(device)
 
 
 def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
@@ -406,10 +554,13 @@ def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
     return ids
 
 
-def _generator(seed: int | None, choice: int) -> torch.Generator:
+def _draws(params: SamplingParams, choice: int) -> torch.Tensor:
+    """The uniform draws of one choice, one per token it may sample, from its own seeded stream
+    (the same numbers, in the same order, as drawing one at a time)."""
     g = torch.Generator()
+    seed = params.seed
     g.manual_seed((seed + 7919 * choice) if seed is not None else int.from_bytes(os.urandom(7)))
-    return g
+    return torch.rand(max(params.max_tokens, 1), generator=g)
 
 
 def _top_p(logp: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

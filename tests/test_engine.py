@@ -1,0 +1,102 @@
+"""Continuous batching: requests join a running batch at the next token and leave when done.
+
+One float32 engine on the real default model; float32 keeps the arithmetic close enough that a
+row's tokens do not depend on which other rows share its batch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jsonschema
+import pytest
+
+from mcprl.serving import Engine, SamplingParams, load_model
+from mcprl.serving._chat import parse_tool_calls, render_prompt
+from tests.test_serving import CALC_TOOLS, MODEL
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = Engine(load_model(MODEL, dtype="float32"), prefix_cache=False)
+    yield engine
+    engine.close()
+
+
+def _prompt(engine, text: str, tools=None) -> list[int]:
+    return render_prompt(engine.tokenizer, [{"role": "user", "content": text}], tools)
+
+
+def _wait_for_steps(engine, n: int, timeout: float = 60.0) -> None:
+    target = engine.stats["steps"] + n
+    deadline = time.monotonic() + timeout
+    while engine.stats["steps"] < target:
+        assert time.monotonic() < deadline, "the engine made no progress"
+        time.sleep(0.005)
+
+
+def test_a_request_that_joins_mid_batch_gets_the_tokens_it_gets_alone(engine):
+    long_prompt, short_prompt = _prompt(engine, "Count slowly."), _prompt(engine, "Name a fruit.")
+    long = SamplingParams(max_tokens=40, seed=3, ignore_eos=True)
+    short = SamplingParams(max_tokens=12, seed=11, temperature=0.8, n=2)
+    alone_long = engine.generate_blocking(long_prompt, long)
+    alone_short = engine.generate_blocking(short_prompt, short)
+
+    before = dict(engine.stats)
+    running = engine.submit(long_prompt, long)
+    _wait_for_steps(engine, 5)  # the long request is decoding
+    joined = engine.submit(short_prompt, short).result(timeout=120)
+    still = running.result(timeout=120)
+    assert [c.token_ids for c in joined] == [c.token_ids for c in alone_short]
+    assert [c.token_ids for c in still] == [c.token_ids for c in alone_long]
+    for mine, theirs in zip(joined, alone_short, strict=True):
+        assert mine.logprobs == pytest.approx(theirs.logprobs, abs=1e-4)
+    # the short request joined the running batch instead of waiting for it to end
+    steps = engine.stats["steps"] - before["steps"]
+    assert steps < 40 + 12 and engine.stats["prefills"] - before["prefills"] == 2
+
+
+def test_rows_leave_when_done_and_the_batch_goes_on(engine):
+    prompt = _prompt(engine, "Say hello.")
+    futures = [
+        engine.submit(prompt, SamplingParams(max_tokens=m, seed=m, ignore_eos=True))
+        for m in (3, 25, 9)
+    ]
+    lengths = [len(f.result(timeout=120)[0].token_ids) for f in futures]
+    assert lengths == [3, 25, 9]
+    assert all(f.result()[0].finish_reason == "length" for f in futures)
+
+
+def test_grammar_rows_and_free_rows_mixed_in_one_batch_all_keep_their_rules(engine):
+    tools = CALC_TOOLS
+    grammar = engine.grammars.compile(tools, "required", None)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    constrained = _prompt(engine, "Multiply 6 by 7.", tools)
+    free = _prompt(engine, "Tell me a story.")
+    futures = []
+    for seed in range(6):
+        if seed % 2:
+            futures.append(("free", engine.submit(free, SamplingParams(max_tokens=30, seed=seed))))
+        params = SamplingParams(max_tokens=72, seed=seed, temperature=1.0)
+        futures.append(("tool", engine.submit(constrained, params, grammar=grammar)))
+        time.sleep(0.05)  # arrive while others decode
+    for kind, future in futures:
+        (completion,) = future.result(timeout=180)
+        if kind == "free":
+            assert completion.token_ids
+            continue
+        _, calls = parse_tool_calls(completion.text)
+        assert len(calls) == 1 and completion.finish_reason == "stop", completion.text
+        fn = calls[0]["function"]
+        jsonschema.validate(json.loads(fn["arguments"]), schemas[fn["name"]])
+
+
+def test_a_grammar_that_has_ended_is_not_asked_again(engine):
+    """With ignore_eos a row goes on past its grammar's end: unconstrained, and no crash."""
+    grammar = engine.grammars.compile(CALC_TOOLS[:1], "required", None)
+    prompt = _prompt(engine, "Multiply 2 by 3.", CALC_TOOLS[:1])
+    params = SamplingParams(max_tokens=90, seed=0, ignore_eos=True)
+    (completion,) = engine.generate_blocking(prompt, params, grammar=grammar)
+    assert len(completion.token_ids) == 90 and completion.finish_reason == "length"
+    assert parse_tool_calls(completion.text)[1]  # the call it made first is there
