@@ -1,6 +1,14 @@
-"""Generation throughput of mcprl's CPU server against named baselines, side by side.
+"""Generation throughput of mcprl's server against named baselines, side by side.
 
     python benchmarks/engine.py [--tokens 64] [--concurrency 1 8 32] [--dtypes bfloat16 float32]
+    python benchmarks/engine.py --agent [--compare REV] [--device cuda]
+
+`--agent`: the rollouts of a training step instead of synthetic requests: 16 concurrent
+multi-turn attempts (4 calculator scenarios x 4) by the default agent loop, calling the bundled
+calculator over real MCP (streamable HTTP), through the official `openai` client to mcprl's
+server. It reports wall time, completion tokens/s and the engine's forward passes; with
+`--compare REV` the same workload runs again on mcprl as of git revision REV (a worktree, in a
+subprocess), and the table gives the ratio.
 
 For each dtype, on the same model (SmolLM2-135M-Instruct) and the same chat prompts:
 
@@ -32,14 +40,16 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# with --compare, mcprl must come from the worktree on PYTHONPATH: this tree goes last
+sys.path.insert(len(sys.path) if "PYTHONPATH" in os.environ else 0, str(ROOT))
 
-from _machine import peak_gflops
+from _machine import peak_gflops  # noqa: E402
 
-from mcprl.serving import LocalServer, load_model, resolve_model
-from mcprl.serving._chat import render_prompt
-from tests.helpers import free_port
+from mcprl.serving import LocalServer, load_model, resolve_model  # noqa: E402
+from mcprl.serving._chat import render_prompt  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 MODEL = "smollm2-135m"
 PROMPTS = [
@@ -145,14 +155,116 @@ def bench_transformers_serve(dtype: str, ks: list[int], tokens: int, repeats: in
         proc.wait(30)
 
 
+def agent_workload(dtype: str, device: str, attempts: int, scenarios: int) -> dict:
+    """One training step's rollouts against the calculator over HTTP; returns the numbers."""
+    import mcprl
+    from mcprl.evaluate import collect_groups
+    from mcprl.model import Model
+    from mcprl.rollout import RolloutConfig
+    from mcprl.scenarios import ScenarioSet
+    from tests.helpers import served
+
+    tasks = ScenarioSet.load(ROOT / "scenarios" / "calculator.jsonl").train.scenarios[:scenarios]
+    kw = {"device": device} if "device" in LocalServer.__init__.__code__.co_varnames else {}
+    with served("calculator") as url, LocalServer(MODEL, dtype=dtype, **kw) as server:
+        key = getattr(server, "api_key", "local")
+        model = Model(name=MODEL, base_url=server.base_url, api_key=key)
+
+        async def run(seed: int):
+            return await collect_groups(
+                model, tasks, url, RolloutConfig(), attempts=attempts, seed=seed,
+                max_concurrency=scenarios * attempts, progress=False,
+            )  # fmt: skip
+
+        asyncio.run(run(99))  # warm-up: first MCP sessions, grammar compilation
+        stats = dict(getattr(server.engine, "stats", {}))
+        start = time.perf_counter()
+        groups = asyncio.run(run(0))
+        seconds = time.perf_counter() - start
+        after = getattr(server.engine, "stats", {})
+    trajectories = [t for g in groups for t in g.trajectories]
+    completion = sum(len(c.token_ids) for t in trajectories for c in t.choices)
+    calls = sum(len(t.choices) for t in trajectories)
+    passes = sum(after.get(k, 0) - stats.get(k, 0) for k in ("waves", "prefills", "steps"))
+    return {
+        "mcprl": str(Path(mcprl.__file__).parent.parent),
+        "seconds": seconds,
+        "attempts": len(trajectories),
+        "model_calls": calls,
+        "completion_tokens": completion,
+        "forward_passes_or_waves": passes,
+        "failed": sum(len(g.exceptions) for g in groups),
+        "engine": {k: after[k] - stats[k] for k in after if isinstance(after[k], (int, float))},
+    }
+
+
+def agent_main(args: argparse.Namespace) -> None:
+    import json
+    import tempfile
+
+    here = agent_workload(args.dtypes[0], args.device, args.attempts, args.scenarios)
+    rows = [("this tree", here)]
+    if args.compare:
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = Path(tmp) / "rev"
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(tree), args.compare],
+                cwd=ROOT, check=True, capture_output=True,
+            )  # fmt: skip
+            try:
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                out = subprocess.run(
+                    [sys.executable, __file__, "--agent-json", "--dtypes", args.dtypes[0],
+                     "--device", args.device, "--attempts", str(args.attempts),
+                     "--scenarios", str(args.scenarios)],
+                    env=env, check=True, capture_output=True, text=True, cwd=ROOT,
+                )  # fmt: skip
+                old = json.loads(out.stdout.strip().splitlines()[-1])
+            finally:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+            rows.append((f"mcprl at {args.compare}", old))
+    print(
+        f"agent workload: {args.scenarios} calculator scenarios x {args.attempts} attempts, all "
+        f"concurrent, default agent loop, MCP over HTTP; {args.dtypes[0]} on {args.device}\n"
+    )
+    print("| engine | wall s | attempts | model calls | completion tokens | tokens/s | speed-up |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    base = rows[-1][1]
+    for name, r in rows:
+        rate = r["completion_tokens"] / r["seconds"]
+        ratio = base["seconds"] / r["seconds"]
+        print(
+            f"| {name} | {r['seconds']:.1f} | {r['attempts']} | {r['model_calls']} | "
+            f"{r['completion_tokens']} | {rate:.1f} | {ratio:.2f}x |"
+        )
+        print(f"  {name}: engine {r.get('engine')}")
+        if r["failed"]:
+            print(f"  ({name}: {r['failed']} attempts failed)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--agent", action="store_true", help="the agent workload (module docstring)")
+    p.add_argument("--agent-json", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--compare", metavar="REV", help="--agent: also run mcprl at this revision")
+    p.add_argument("--attempts", type=int, default=4, help="--agent: attempts per scenario")
+    p.add_argument("--scenarios", type=int, default=4, help="--agent: scenarios")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-transformers-serve", action="store_true")
     args = p.parse_args()
+    if args.agent_json:
+        import json
+
+        print(json.dumps(agent_workload(args.dtypes[0], args.device, args.attempts,
+                                        args.scenarios)))  # fmt: skip
+        return
+    if args.agent:
+        agent_main(args)
+        return
     params = sum(t.numel() for t in load_model(MODEL, dtype="float32").model.parameters())
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "

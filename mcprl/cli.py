@@ -137,7 +137,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from mcprl.serving import Engine, build_app, load_model
+    from mcprl.serving import Engine, build_app, load_model, pick_device
     from mcprl.serving._server import allowed_hosts, check_bind
 
     api_key = args.api_key or os.environ.get("MCPRL_API_KEY") or None
@@ -147,8 +147,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not d.is_dir():
             raise ValueError(f"--allow-adapter-dir {d}: no such directory")
     _quiet_libraries()
+    pick_device(args.device)  # a wrong --device fails before the model loads
     print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
-    engine = Engine(load_model(args.model, dtype=args.dtype), max_batch_size=args.max_batch_size)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    engine = Engine(loaded, max_batch_size=args.max_batch_size)
     for item in args.lora or []:
         name, _, path = item.partition("=")
         if not path:
@@ -420,6 +422,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         default="bfloat16",
         help="inference and training weights (LoRA weights stay float32)",
     )
+    _add_device(p)
     p.add_argument("--no-report", action="store_true", help="skip report.html at the end")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
@@ -428,7 +431,17 @@ def _backend(args: argparse.Namespace):
     from mcprl.backends import LocalBackend
 
     _quiet_libraries()
-    return LocalBackend(args.path, inference_dtype=args.dtype, train_dtype=args.dtype)
+    return LocalBackend(
+        args.path, inference_dtype=args.dtype, train_dtype=args.dtype, device=args.device
+    )
+
+
+def _add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the model runs: auto (a GPU where present, the default), cpu, cuda, cuda:N",
+    )
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -519,6 +532,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         path=Path(args.path) / project,
         base_model=args.base_model,
         api_base=args.api_base,
+        device=args.device,
     ) as (models, server):
         judge = None
         if args.judge == "local":
@@ -638,6 +652,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--project", help="project of the runs (default: from the server)")
     ev.add_argument("--path", default=".mcprl")
     ev.add_argument("--base-model", default="smollm2-135m")
+    _add_device(ev)
     ev.add_argument("--api-base", help="base URL for LiteLLM models (e.g. a vLLM server)")
     ev.add_argument("--attempts", type=int, default=1, help="attempts per scenario and model")
     ev.add_argument(
@@ -663,6 +678,7 @@ def _parser() -> argparse.ArgumentParser:
     v = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible endpoint")
     v.add_argument("--model", default="smollm2-135m", help="smollm2-135m, a model dir or hub id")
     v.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    _add_device(v)
     v.add_argument("--host", default="127.0.0.1", help="other than loopback needs an API key")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument(

@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 from pydantic import BaseModel
 
 from mcprl.gather import gather_groups
@@ -98,17 +99,28 @@ async def score_groups(
     desc: str = "judging",
     progress: bool = True,
 ) -> list[TrajectoryGroup]:
-    """Apply a `mcprl.rewards.scorer` to each group (one at a time), dropping what it drops."""
+    """Apply a `mcprl.rewards.scorer` to every group at once (a judge's own concurrency limit
+    applies; a local judge's requests share the engine's batch), dropping what it drops; the
+    groups stay in order."""
     from tqdm.auto import tqdm
 
-    out = []
+    results: list[TrajectoryGroup | None] = [None] * len(groups)
+    errors: list[Exception] = []
     with tqdm(total=len(groups), desc=desc, disable=not progress, leave=False) as bar:
-        for group in groups:
-            scored = await score(group)
-            if scored is not None:
-                out.append(scored)
+
+        async def one(i: int) -> None:
+            try:
+                results[i] = await score(groups[i])
+            except Exception as exc:  # raised as itself below, not in an exception group
+                errors.append(exc)
             bar.update()
-    return out
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(groups)):
+                tg.start_soon(one, i)
+    if errors:
+        raise errors[0]
+    return [g for g in results if g is not None]
 
 
 def mark_success(groups: list[TrajectoryGroup], scenarios: dict[str, Scenario]) -> None:
@@ -317,6 +329,7 @@ def open_models(
     base_model: str = "smollm2-135m",
     api_base: str | None = None,
     dtype: str = "bfloat16",
+    device: str | None = "auto",
 ) -> Iterator[tuple[list[Any], Any]]:
     """Models for `specs`; yields (models, the local `LocalServer` or None).
 
@@ -356,7 +369,7 @@ def open_models(
     if any(plan):
         from mcprl.serving import LocalServer
 
-        server = LocalServer(base_model, dtype=dtype, served_name=base_model)
+        server = LocalServer(base_model, dtype=dtype, served_name=base_model, device=device)
     try:
         models: list[Any] = []
         for spec, local in zip(specs, plan, strict=True):

@@ -503,6 +503,8 @@ def local_judge(
         rubric=rubric,
         temperature=0.0,
         explanation_max_chars=160,
+        # the 135M default reads 8,192 tokens: keep a group's prompt well inside that
+        max_prompt_chars=18_000,
     )
 
 

@@ -123,3 +123,27 @@ async def test_scenarios_without_a_val_split_are_refused(tmp_path):
 def test_config_refuses_groups_of_one():
     with pytest.raises(ValueError, match="rollouts_per_group"):
         RunConfig(rollouts_per_group=1)
+
+
+@pytest.mark.anyio
+async def test_groups_are_judged_concurrently_and_kept_in_order():
+    import anyio
+
+    from mcprl.evaluate import score_groups
+    from mcprl.types import TrajectoryGroup
+
+    started = 0
+    all_started = anyio.Event()
+
+    async def score(group):
+        nonlocal started
+        started += 1
+        if started == 3:
+            all_started.set()
+        await all_started.wait()  # judged one at a time, this would never return
+        return None if group.scenario_id == "b" else group
+
+    groups = [TrajectoryGroup(scenario_id=s) for s in "abc"]
+    with anyio.fail_after(5):
+        out = await score_groups(groups, score, progress=False)
+    assert [g.scenario_id for g in out] == ["a", "c"]

@@ -60,7 +60,11 @@ class LocalBackend:
         host: str = "127.0.0.1",
         port: int = 0,
         max_batch_size: int = 32,
+        device: str | None = "auto",
     ) -> None:
+        from mcprl.serving import pick_device
+
+        self.device = pick_device(device)  # inference and training (a GPU where present)
         self.path = Path(path)
         self.inference_dtype = inference_dtype
         self.train_dtype = train_dtype
@@ -93,12 +97,14 @@ class LocalBackend:
 
         base_path = resolve_model(model.base_model)
         if latest is None:
-            trainer = LoraTrainer(base_path, lora, dtype=self.train_dtype)
+            trainer = LoraTrainer(base_path, lora, dtype=self.train_dtype, device=self.device)
             store.write_checkpoint(0, trainer.save, {"base_model": model.base_model})
             latest = 0
         else:
             checkpoint = store.checkpoint_path(latest)
-            trainer = LoraTrainer(base_path, adapter_path=checkpoint, dtype=self.train_dtype)
+            trainer = LoraTrainer(
+                base_path, adapter_path=checkpoint, dtype=self.train_dtype, device=self.device
+            )
             trainer.load_state(checkpoint)
             logger.info("resuming %s/%s at step %d", model.project, model.name, latest)
         run = _Run(model, store, trainer, latest)
@@ -231,6 +237,7 @@ class LocalBackend:
             self._server = LocalServer(
                 base_model,
                 dtype=self.inference_dtype,
+                device=self.device,
                 host=self.host,
                 port=self.port,
                 max_batch_size=self.max_batch_size,

@@ -21,6 +21,7 @@ from mcprl.serving._models import (
     cache_dir,
     check_model,
     load_model,
+    pick_device,
     resolve_model,
 )
 from mcprl.serving._server import ServerHandle, build_app, start_server
@@ -37,6 +38,7 @@ __all__ = [
     "cache_dir",
     "check_model",
     "load_model",
+    "pick_device",
     "resolve_model",
     "start_server",
 ]
@@ -47,6 +49,7 @@ class LocalServer:
 
     `api_key`: the bearer token clients must send (default: a random one, `self.api_key`).
     `adapter_dirs`: where `/v1/load_lora_adapter` may load adapters from (default: nowhere).
+    `device`: `auto` (a GPU where present), `cpu` or `cuda[:N]`.
     """
 
     def __init__(
@@ -60,9 +63,10 @@ class LocalServer:
         max_batch_size: int = 32,
         served_name: str | None = None,
         adapter_dirs: Iterable[str | Path] = (),
+        device: str | None = "auto",
     ) -> None:
         self.api_key = api_key or secrets.token_urlsafe(32)
-        self.loaded = load_model(model, dtype=dtype)
+        self.loaded = load_model(model, dtype=dtype, device=device)
         self.engine = Engine(self.loaded, max_batch_size=max_batch_size)
         self.name = served_name or model
         self.handle = start_server(

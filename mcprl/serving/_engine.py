@@ -34,8 +34,9 @@ import torch
 from transformers import DynamicCache
 
 from mcprl.serving._grammar import GrammarFactory, apply_bitmask
+from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._models import LoadedModel
-from mcprl.serving._prefix import PrefixCache, expanded_cache
+from mcprl.serving._prefix import PrefixCache
 
 __all__ = ["Completion", "Engine", "SamplingParams"]
 
@@ -126,8 +127,12 @@ class Engine:
         self._idle = threading.Condition(self._model_lock)  # notified after every step
         self._stops: torch.Tensor | None = None
         self.device = next(self.model.parameters()).device
+        if self.device.type == "cpu":  # see mcprl.serving._kv
+            self.model.set_attn_implementation(CPU_ATTENTION)
         # prefills: admissions into the running batch; steps: forward passes of the batch
-        self.stats = {"prefills": 0, "steps": 0, "rows": 0, "tokens": 0}
+        # prefill_tokens: prompt tokens run through the model (after the shared-prefix cache)
+        self.stats = {"prefills": 0, "steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0,
+                      "prefill_s": 0.0, "step_s": 0.0}  # fmt: skip
         use_prefix = prefix_cache and os.environ.get("MCPRL_PREFIX_CACHE", "1") != "0"
         self.prefix_cache = PrefixCache() if use_prefix else None
         threads = int(os.environ.get("MCPRL_TORCH_THREADS", "0")) or torch.get_num_threads()
@@ -282,13 +287,16 @@ class Engine:
         self.stats["prefills"] += 1
         self.stats["rows"] += len(new_rows)
         model, context = self._forward(adapter)
+        started = time.perf_counter()
         with context:
             joined = self._prefill(model, new_rows, adapter)
+        self.stats["prefill_s"] += time.perf_counter() - started
         self._batch = joined if self._batch is None else self._batch.merge(joined)
 
     def _step(self) -> None:
         """Sample one token for every row, retire finished rows, run the model once."""
         batch = self._batch
+        started = time.perf_counter()
         tokens, finished = self._sample(batch)
         self.stats["steps"] += 1
         self.stats["tokens"] += len(batch.rows)
@@ -313,6 +321,7 @@ class Engine:
                 use_cache=True,
             )
         batch.logits = out.logits[:, -1, :].float()
+        self.stats["step_s"] += time.perf_counter() - started
 
     def _forward(self, adapter: str | None):
         if self._peft is None:
@@ -343,8 +352,13 @@ class Engine:
             start, kv = self.prefix_cache.lookup(
                 adapter, prompts, lambda ids: self._prefix_kv(model, ids)
             )
-        cache = expanded_cache(kv or [], len(rows))
+        cache = GrowingCache(torch.float32 if self.device.type == "cpu" else None)
+        for i, (keys, values) in enumerate(kv or []):
+            cache.update(
+                keys.expand(len(rows), -1, -1, -1), values.expand(len(rows), -1, -1, -1), i
+            )
         width = max(len(p) - start for p in prompts)
+        self.stats["prefill_tokens"] += width * len(prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         device = self.device
         ids = torch.tensor(
@@ -504,8 +518,7 @@ class _Batch:
         first = int(used.int().argmax()) if bool(used.any()) else 0
         if first:
             self.mask = self.mask[:, first:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            self.cache.trim_left(first)
 
     def merge(self, other: _Batch) -> _Batch:
         """One batch of both: the shorter side is left-padded (masked out) to the longer."""
@@ -513,18 +526,12 @@ class _Batch:
             raise ValueError("only rows for the same model share a batch")
         length = max(self.mask.shape[1], other.mask.shape[1])
 
-        def pad(t: torch.Tensor, dim: int) -> torch.Tensor:
-            missing = length - t.shape[dim]
-            if not missing:
-                return t
-            shape = list(t.shape)
-            shape[dim] = missing
-            return torch.cat([t.new_zeros(shape), t], dim=dim)
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            missing = length - t.shape[1]
+            return torch.cat([t.new_zeros(len(t), missing), t], dim=1) if missing else t
 
-        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)])
-            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)])
-        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)])
+        self.cache.stack(other.cache)
+        self.mask = torch.cat([pad(self.mask), pad(other.mask)])
         width = max(self.draws.shape[1], other.draws.shape[1])
         self.draws = torch.cat([_pad_right(self.draws, width), _pad_right(other.draws, width)])
         for name in self._ROWWISE:

@@ -33,6 +33,7 @@ __all__ = [
     "cache_dir",
     "check_model",
     "load_model",
+    "pick_device",
     "resolve_model",
 ]
 
@@ -203,15 +204,30 @@ class LoadedModel:
     dtype: DType
 
 
-def load_model(name: str = DEFAULT_MODEL, dtype: DType = "bfloat16") -> LoadedModel:
-    """Load a causal LM and its tokenizer for inference, in real `dtype` weights."""
+def pick_device(device: str | None = "auto") -> str:
+    """`auto` (or None): `cuda` where a GPU is present, else `cpu`; anything else as given."""
+    import torch
+
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is available here; use cpu or auto")
+    return device
+
+
+def load_model(
+    name: str = DEFAULT_MODEL, dtype: DType = "bfloat16", device: str | None = "auto"
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer for inference, in real `dtype` weights, on `device`
+    (see `pick_device`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    target = pick_device(device)
     path = resolve_model(name)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(target)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

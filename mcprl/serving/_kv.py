@@ -1,0 +1,149 @@
+"""The engine's KV cache and its CPU decode attention.
+
+- `GrowingCache`: a KV cache whose layers write new keys and values into preallocated buffers
+  (capacity doubles when full) instead of concatenating the whole cache at every token, as
+  transformers' `DynamicCache` does. Rows can be dropped, merged with another batch's rows, and
+  trimmed of the leading columns no row attends to. It can keep keys and values in another dtype
+  than the model's: on CPU, float32, because bfloat16 matrix products copy a strided view of the
+  buffer whole at every call, and float32 ones read it in place (measured: 1.1 ms against 0.3 ms
+  per layer for 8 rows of 1,100 tokens).
+- `cpu_attention`: attention for one query token computed with two batched matrix products per
+  layer, the query heads of each key-value head grouped (GQA) so keys and values are read once.
+  On CPU, torch's fused kernel is slower for this shape, and 5-7x slower when no padding mask is
+  given. Every other case goes to transformers' SDPA attention, in the cache's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.cache_utils import Cache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+__all__ = ["CPU_ATTENTION", "GrowingCache", "cpu_attention"]
+
+CPU_ATTENTION = "mcprl_cpu"
+
+
+def cpu_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
+    """transformers' attention signature; `query` [B, H, q, D], keys [B, Hkv, T, D]."""
+    if query.shape[2] != 1 or dropout:
+        out, weights = sdpa_attention_forward(
+            module,
+            query.to(key.dtype),
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            **kw,
+        )
+        return out.to(query.dtype), weights
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.reshape(batch, kv_heads, heads // kv_heads, dim).to(key.dtype)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float()
+    scores *= scaling if scaling is not None else dim**-0.5
+    if attention_mask is not None:
+        mask = attention_mask[:, :, -1:, :]  # [B, 1, 1, T]
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    probs = scores.softmax(dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value).to(query.dtype)  # [B, Hkv, G, D]
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+AttentionInterface.register(CPU_ATTENTION, cpu_attention)
+AttentionMaskInterface.register(CPU_ATTENTION, sdpa_mask)
+
+
+class GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` that appends in place; `keys`/`values` are views of its buffers."""
+
+    kv_dtype: torch.dtype | None = None  # None: the model's
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.dtype = self.kv_dtype or key_states.dtype
+        self._k = self._v = None
+        self.length = 0
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new = key_states.shape[-2]
+        if self._k is None or self.length + new > self._k.shape[-2]:
+            self._reserve(max(256, 2 * (self.length + new)), key_states, value_states)
+        self._k[:, :, self.length : self.length + new] = key_states
+        self._v[:, :, self.length : self.length + new] = value_states
+        self.length += new
+        self._views()
+        return self.keys, self.values
+
+    def _reserve(self, capacity: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        def buffer(like: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor:
+            rows, heads, _, dim = like.shape
+            new = like.new_empty(rows, heads, capacity, dim, dtype=self.dtype)
+            if old is not None and self.length:
+                new[:, :, : self.length] = old[:, :, : self.length]
+            return new
+
+        self._k, self._v = buffer(keys, self._k), buffer(values, self._v)
+
+    def _views(self) -> None:
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+
+    def get_seq_length(self) -> int:
+        return self.length if self.is_initialized else 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized and self._k is not None:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self._views()
+
+    def trim_left(self, columns: int) -> None:
+        """Drop the first `columns` positions (padding no row attends to any more)."""
+        if columns and self.is_initialized:
+            self._k = self._k[:, :, columns:]
+            self._v = self._v[:, :, columns:]
+            self.length -= columns
+            self._views()
+
+    def stack(self, other: GrowingLayer) -> None:
+        """Append `other`'s rows, left-padding the shorter side (masked out by the caller)."""
+        length = max(self.length, other.length)
+
+        def padded(layer: GrowingLayer, buffer: torch.Tensor) -> torch.Tensor:
+            view = buffer[:, :, : layer.length]
+            missing = length - layer.length
+            if not missing:
+                return view
+            shape = list(view.shape)
+            shape[2] = missing
+            return torch.cat([view.new_zeros(shape), view], dim=2)
+
+        keys = torch.cat([padded(self, self._k), padded(other, other._k)])
+        values = torch.cat([padded(self, self._v), padded(other, other._v)])
+        self._k = self._v = None
+        self.length = 0
+        self.update(keys, values)
+
+
+class GrowingCache(Cache):
+    """A cache of `GrowingLayer`s (see the module docstring)."""
+
+    def __init__(self, kv_dtype: torch.dtype | None = None) -> None:
+        layer = type("GrowingLayer", (GrowingLayer,), {"kv_dtype": kv_dtype})
+        super().__init__(layer_class_to_replicate=layer)
+
+    def trim_left(self, columns: int) -> None:
+        for layer in self.layers:
+            layer.trim_left(columns)
+
+    def stack(self, other: GrowingCache) -> None:
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            mine.stack(theirs)
