@@ -263,6 +263,17 @@ def _loss_defaults(loss: str) -> dict[str, Any]:
     return {"normalization": "sequence"} if loss == "gspo" else {}
 
 
+def _stop_message(phase: str) -> str:
+    if phase == "training":
+        what = "the training step in progress finishes and is saved"
+    elif phase in ("evaluation", "rollouts"):
+        what = f"the {phase} in progress {'is' if phase == 'evaluation' else 'are'} dropped; "
+        what += "every finished step is saved"
+    else:
+        what = "nothing has been trained yet"
+    return f"stopping: {what}; Ctrl-C again to abort at once"
+
+
 def _train_with_ctrl_c(run: Any, prepare: Callable[[], Any]) -> Any:
     """Prepare and run; the first Ctrl-C stops at a safe point, a second one aborts."""
 
@@ -275,10 +286,7 @@ def _train_with_ctrl_c(run: Any, prepare: Callable[[], Any]) -> Any:
                     async for _ in signals:
                         if run.stopping:
                             raise KeyboardInterrupt
-                        _say(
-                            "stopping: a training step in progress finishes and is saved; "
-                            "Ctrl-C again to abort at once"
-                        )
+                        _say(_stop_message(run.phase))
                         run.request_stop()
 
             tg.start_soon(watch)

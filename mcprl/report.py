@@ -102,7 +102,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         if steps:
             ax.plot(steps, values, marker="o", label=label)
     ax.set(xlabel="step", ylabel="val", ylim=(-0.05, 1.05), title="Validation")
-    ax.legend(loc="best")
+    _legend(ax)
     ax.grid(alpha=0.3)
     save(fig, "val.png", "Val reward and success rate over steps (step 0 is the base model).")
 
@@ -119,7 +119,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                 alpha=0.25,
                 label="± std",
             )
-        ax.legend(loc="best")
+        _legend(ax)
     ax.set(xlabel="step", ylabel="reward", title="Training reward")
     ax.grid(alpha=0.3)
     save(fig, "train_reward.png", "Reward of the training attempts: mean and spread per step.")
@@ -134,7 +134,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
             scores, label = [t.reward for t in trajs if t.reward is not None], "reward"
         ax.hist(scores, bins=10, range=(0, 1), alpha=0.55, label=f"step {int(path.stem)}")
     if files:
-        ax.legend(loc="best")
+        _legend(ax)
     ax.set(xlabel=label, ylabel="attempts", title=f"Distribution of {label}s")
     save(fig, "scores.png", f"Distribution of {label}s, first and latest training step.")
 
@@ -146,7 +146,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
             ax.plot(steps, values, marker="o", label=name)
         ax.set(xlabel="step", ylabel="mean per attempt", ylim=(-0.05, 1.05))
         ax.set(title="Reward components (training attempts)")
-        ax.legend(loc="best", fontsize="small")
+        _legend(ax, fontsize="small")
         ax.grid(alpha=0.3)
         save(fig, "reward_parts.png", "Components of the reference reward, per training step.")
 
@@ -158,7 +158,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         tied = [d - t for d, t in zip(drawn, trained, strict=False)]
         ax.bar(steps, tied, bottom=trained, label="tied (no signal)", color="#bbb")
         ax.set(xlabel="step", ylabel="groups", title="Groups per step")
-        ax.legend(loc="best")
+        _legend(ax)
         save(fig, "signal.png", "Groups drawn per step: trained, and tied (replaced, no signal).")
 
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
@@ -167,7 +167,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         if steps:
             ax.plot(steps, values, marker="o", label=f"{name} per attempt")
     ax.set(xlabel="step", title="Agent behaviour (training attempts)")
-    ax.legend(loc="best")
+    _legend(ax)
     ax.grid(alpha=0.3)
     save(fig, "behaviour.png", "Turns and tool errors per attempt, per training step.")
 
@@ -181,7 +181,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                 bottom[s] = bottom.get(s, 0.0) + v
     ax.set(xlabel="step", ylabel="seconds", title="Wall time per phase")
     if bottom:
-        ax.legend(loc="best")
+        _legend(ax)
     save(fig, "time.png", "Where each step's time went.")
     return made
 
@@ -211,6 +211,12 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         if f"val/{k}" in first or f"val/{k}" in last
     )
     return f"<table>{head}{body}</table>"
+
+
+def _legend(ax: Any, fontsize: str | None = None) -> None:
+    """A legend, where something is labelled (an empty one only warns)."""
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(loc="best", fontsize=fontsize)
 
 
 def _clip(text: str, limit: int = 1500) -> str:

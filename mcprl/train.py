@@ -166,6 +166,8 @@ class TrainingRun:
         self._scope: anyio.CancelScope | None = None
         self._stop = False
         self._dropped: list[Exception] = []  # judge failures since the phase began
+        # what the run is doing: preparing, evaluation, rollouts, training (for messages)
+        self.phase = "preparing"
 
     @property
     def run_dir(self) -> Path:
@@ -369,6 +371,7 @@ class TrainingRun:
         extra = {f"train/{k}": v for k, v in stats.items() if k not in ("reward", "reward_std")}
         extra |= {f"train/{k}": v for k, v in counts.items()}
         extra |= {"time/rollout_s": times["rollout"], "time/judge_s": times["judge"]}
+        self.phase = "training"
         with _Bar(f"step {step} training", self.progress) as bar:
             result = await self.backend.train(
                 self.model, groups, config.train, metrics=extra, on_progress=bar.update
@@ -408,6 +411,7 @@ class TrainingRun:
         drawn: list[str] = []
         times = {"rollout": 0.0, "judge": 0.0}
         self._dropped.clear()
+        self.phase = "rollouts"
         while len(kept) < wanted and len(drawn) < budget:
             k = min(wanted - len(kept), budget - len(drawn))
             batch = self.sampler.draw(k, step=step, round_index=len(drawn), exclude=drawn)
@@ -459,6 +463,7 @@ class TrainingRun:
     async def _evaluate(self, summary: RunSummary) -> None:
         config, step = self.config, self.backend.step(self.model)
         val = self.scenarios.val.scenarios[: config.max_val_scenarios]
+        self.phase = "evaluation"
         t0 = time.perf_counter()
         # the same seeds at every evaluation: what differs is the policy
         groups = await self._collect(val, config.val_attempts, config.seed + 7, f"eval {step}")

@@ -231,8 +231,13 @@ class Engine:
                     logger.exception("generation failed")
                     self._fail(exc)
                 self._idle.notify_all()
-            if self._closed and self._batch is None and not self._pending:
-                return
+                if self._closed:  # closing abandons work in flight: no step outlives close()
+                    self._fail(RuntimeError("the engine was closed"))
+                    for request in self._pending:
+                        if not request.future.done():
+                            request.future.set_exception(RuntimeError("the engine was closed"))
+                    self._pending.clear()
+                    return
 
     def _drain_queue(self) -> None:
         while True:
