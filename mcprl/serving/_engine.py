@@ -184,6 +184,8 @@ class Engine:
             else:
                 self._peft.load_adapter(path, adapter_name=name, is_trainable=False)
             self._peft.eval()
+            for parameter in self._peft.parameters():  # serving never builds autograd graphs
+                parameter.requires_grad_(False)
             self.adapters[name] = path
             if self.prefix_cache is not None:
                 self.prefix_cache.drop(name)
@@ -200,7 +202,7 @@ class Engine:
                 self.prefix_cache.drop(name)
             if self.adapters:
                 if name in self._peft.active_adapters:
-                    self._peft.set_adapter(next(iter(self.adapters)))
+                    self._peft.set_adapter(next(iter(self.adapters)), inference_mode=True)
                 self._peft.delete_adapter(name)
             else:
                 self.model = self._peft.unload()  # removes the LoRA layers, no merge
@@ -222,7 +224,7 @@ class Engine:
                 self._pending.append(item)
                 time.sleep(self.batch_wait_s)  # let concurrent requests start together
             self._drain_queue()
-            with self._model_lock:
+            with self._model_lock, torch.inference_mode():
                 try:
                     self._admit()
                     if self._batch is not None:
@@ -333,7 +335,7 @@ class Engine:
             return self.model, nullcontext()
         if adapter is None:
             return self._peft, self._peft.disable_adapter()
-        self._peft.set_adapter(adapter)
+        self._peft.set_adapter(adapter, inference_mode=True)  # LoRA weights stay frozen
         return self._peft, nullcontext()
 
     def _matcher(self, request: _Request) -> Any:

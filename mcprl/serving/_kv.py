@@ -24,6 +24,7 @@ from transformers.masking_utils import sdpa_mask
 __all__ = ["CPU_ATTENTION", "GrowingCache", "cpu_attention"]
 
 CPU_ATTENTION = "mcprl_cpu"
+HEADROOM = 128  # positions reserved beyond the current length when a layer's buffer grows
 
 
 def cpu_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
@@ -76,7 +77,8 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         new = key_states.shape[-2]
         if self._k is None or self.length + new > self._k.shape[-2]:
-            self._reserve(max(256, 2 * (self.length + new)), key_states, value_states)
+            # a fixed headroom, not doubling: a batch of long rows must not hold twice its memory
+            self._reserve(self.length + new + HEADROOM, key_states, value_states)
         self._k[:, :, self.length : self.length + new] = key_states
         self._v[:, :, self.length : self.length + new] = value_states
         self.length += new
