@@ -234,11 +234,7 @@ class Engine:
                     self._fail(exc)
                 self._idle.notify_all()
                 if self._closed:  # closing abandons work in flight: no step outlives close()
-                    self._fail(RuntimeError("the engine was closed"))
-                    for request in self._pending:
-                        if not request.future.done():
-                            request.future.set_exception(RuntimeError("the engine was closed"))
-                    self._pending.clear()
+                    self._fail(RuntimeError("the engine was closed"), pending=True)
                     return
 
     def _drain_queue(self) -> None:
@@ -252,9 +248,13 @@ class Engine:
                 return
             self._pending.append(item)
 
-    def _fail(self, exc: Exception) -> None:
-        rows = self._batch.rows if self._batch is not None else []
-        for request in {id(r.request): r.request for r in rows}.values():
+    def _fail(self, exc: Exception, *, pending: bool = False) -> None:
+        """Fail the running batch's requests (and the waiting ones, with `pending`)."""
+        requests = [r.request for r in self._batch.rows] if self._batch is not None else []
+        if pending:
+            requests += self._pending
+            self._pending.clear()
+        for request in {id(r): r for r in requests}.values():
             if not request.future.done():
                 request.future.set_exception(exc)
         self._batch = None
@@ -554,7 +554,7 @@ def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
 
 def _stack_draws(draws: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     width = max(len(d) for d in draws)
-    return torch.stack([torch.cat([d, d.new_zeros(width - len(d))]) for d in draws]).to(device)
+    return torch.cat([_pad_right(d[None], width) for d in draws]).to(device)
 
 
 def _stop_ids(tokenizer: Any, model: Any) -> set[int]:
