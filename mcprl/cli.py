@@ -147,6 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not d.is_dir():
             raise ValueError(f"--allow-adapter-dir {d}: no such directory")
     _quiet_libraries()
+    _set_threads(args)
     pick_device(args.device)  # a wrong --device fails before the model loads
     print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -201,12 +202,24 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
     def given(**fields: Any) -> dict[str, Any]:
         return {k: v for k, v in fields.items() if v is not None}
 
+    if args.quick:  # a first look: the flags given still win
+        for key, value in QUICK.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
     rollout = given(
         max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=args.temperature
     ) | overrides.pop("rollout", {})
-    train = given(learning_rate=args.lr, loss=args.loss)
+    train = given(
+        learning_rate=args.lr,
+        loss=args.loss,
+        beta=args.beta,
+        eps_low=args.epsilon,
+        eps_high=args.epsilon_high,
+        scale_rewards=args.scale_rewards,
+    )
     if args.loss:
         train |= _loss_defaults(args.loss)
+    lora = given(r=args.lora_r, alpha=args.lora_alpha)
     fields = given(
         project=args.project,
         name=args.name,
@@ -224,18 +237,30 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         max_concurrency=args.concurrency,
         sampling=args.sampling,
         oversample=args.oversample,
+        trackers=args.tracker,
     )
     defaults = RunConfig()
     try:
         fields |= {
             "rollout": type(defaults.rollout)(**(defaults.rollout.model_dump() | rollout)),
             "train": type(defaults.train)(**(defaults.train.model_dump() | train)),
+            "lora": type(defaults.lora)(**(defaults.lora.model_dump() | lora)),
             "write_report": not args.no_report,
         }
         return RunConfig(**(fields | overrides))
     except ValidationError as exc:
         raise ValueError(_option_error(exc)) from None
 
+
+# `--quick`: a first run that trains real steps in a few minutes on a laptop CPU
+QUICK = {
+    "steps": 2,
+    "groups_per_step": 2,
+    "rollouts_per_group": 4,
+    "max_val": 4,
+    "val_attempts": 2,
+    "eval_every": 0,
+}
 
 # RunConfig fields (and nested ones) by the command-line option that sets them
 _OPTIONS = {
@@ -244,6 +269,11 @@ _OPTIONS = {
     "base_model": "--model",
     "learning_rate": "--lr",
     "judge_api_base": "--judge-api-base",
+    "eps_low": "--epsilon",
+    "eps_high": "--epsilon-high",
+    "r": "--lora-r",
+    "alpha": "--lora-alpha",
+    "trackers": "--tracker",
 }
 
 
@@ -336,10 +366,16 @@ def print_summary(summary: Any, again: str) -> None:
                 pct = k in ("success", "completed")
                 cells.append("–" if v is None else (f"{v:.0%}" if pct else f"{v:.3f}"))
             print(f"  {k:<13}{cells[0]:>12}{cells[1]:>12}")
-    if summary.steps_without_update:
+    if done:
+        updated = done - summary.steps_without_update
         print(
-            f"  no update in {summary.steps_without_update} of {done} steps: every group's "
-            "rewards tied, so nothing was learned from them"
+            f"  {updated} of {done} step{'' if done == 1 else 's'} updated the model"
+            + (
+                f"; in {summary.steps_without_update} every group's rewards tied, so nothing "
+                "was learned from them"
+                if summary.steps_without_update
+                else ""
+            )
         )
     if summary.groups_dropped:
         lost = sum(summary.groups_dropped.values())
@@ -409,28 +445,77 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "key's model, else the local base model)",
     )
     p.add_argument("--judge-api-base", help="OpenAI-compatible base URL for the judge")
-    p.add_argument("--lr", type=float, help=f"learning rate (default {d.train.learning_rate:g})")
-    p.add_argument("--loss", choices=["ppo", "gspo", "cispo"], help=f"default {d.train.loss}")
-    p.add_argument(
-        "--eval-every", type=int, help=f"val evaluation every k steps (default {d.eval_every})"
+    t = p.add_argument_group("training step")
+    t.add_argument("--lr", type=float, help=f"learning rate (default {d.train.learning_rate:g})")
+    t.add_argument(
+        "--loss",
+        choices=["ppo", "gspo", "cispo"],
+        help="policy loss: ppo (token-level clipped ratio), gspo (sequence-level ratio), cispo "
+        f"(clipped importance weights) (default {d.train.loss})",
     )
-    p.add_argument(
+    t.add_argument(
+        "--beta",
+        type=float,
+        help=f"KL penalty to the base model; 0 computes no KL (default {d.train.beta:g})",
+    )
+    t.add_argument(
+        "--epsilon", type=float, help=f"lower clip range of the ratio (default {d.train.eps_low:g})"
+    )
+    t.add_argument(
+        "--epsilon-high",
+        type=float,
+        help=f"upper clip range of the ratio (default {d.train.eps_high:g})",
+    )
+    t.add_argument(
+        "--scale-rewards",
+        action=argparse.BooleanOptionalAction,
+        help="divide advantages by the group's reward std "
+        f"(default {'on' if d.train.scale_rewards else 'off'})",
+    )
+    t.add_argument("--lora-r", type=int, help=f"LoRA rank, new runs only (default {d.lora.r})")
+    t.add_argument(
+        "--lora-alpha", type=int, help=f"LoRA alpha, new runs only (default {d.lora.alpha})"
+    )
+    e = p.add_argument_group("evaluation")
+    e.add_argument(
+        "--eval-every",
+        type=int,
+        help=f"val evaluation every k steps; 0: before the first step and after the last only "
+        f"(default {d.eval_every})",
+    )
+    e.add_argument(
         "--val-attempts",
         type=int,
         help=f"attempts per val scenario (default {d.val_attempts})",
     )
-    p.add_argument("--max-val", type=int, help="evaluate on at most this many val scenarios")
-    p.add_argument("--seed", type=int, help=f"default {d.seed}")
+    e.add_argument(
+        "--max-val", type=int, help="evaluate on at most this many val scenarios (default all)"
+    )
+    p.add_argument("--seed", type=int, help=f"seeds scenario draws and sampling (default {d.seed})")
     p.add_argument(
         "--concurrency", type=int, help=f"attempts in flight (default {d.max_concurrency})"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a first look that trains in minutes on a laptop CPU: "
+        + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+        + " (flags given still win)",
     )
     p.add_argument(
         "--dtype",
         choices=["bfloat16", "float32"],
         default="bfloat16",
-        help="inference and training weights (LoRA weights stay float32)",
+        help="inference and training weights; LoRA weights stay float32 (default bfloat16)",
     )
     _add_device(p)
+    p.add_argument(
+        "--tracker",
+        action="append",
+        choices=["csv", "tensorboard", "wandb"],
+        help="also send the metrics to: csv (RUN/metrics.csv), tensorboard (RUN/tensorboard; "
+        "needs tensorboard), wandb (needs wandb); repeatable. history.jsonl is always written",
+    )
     p.add_argument("--no-report", action="store_true", help="skip report.html at the end")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
 
@@ -439,6 +524,7 @@ def _backend(args: argparse.Namespace):
     from mcprl.backends import LocalBackend
 
     _quiet_libraries()
+    _set_threads(args)
     return LocalBackend(
         args.path, inference_dtype=args.dtype, train_dtype=args.dtype, device=args.device
     )
@@ -450,6 +536,31 @@ def _add_device(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="where the model runs: auto (a GPU where present, the default), cpu, cuda, cuda:N",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for the model (default: $MCPRL_THREADS, else one per physical core); "
+        "on a machine busy with other work, give the cores that are free (e.g. 1)",
+    )
+
+
+def _set_threads(args: argparse.Namespace) -> None:
+    """Apply --threads (or MCPRL_THREADS) before a model loads."""
+    threads = args.threads
+    if threads is None and os.environ.get("MCPRL_THREADS"):
+        try:
+            threads = int(os.environ["MCPRL_THREADS"])
+        except ValueError:
+            raise ValueError(
+                f"MCPRL_THREADS={os.environ['MCPRL_THREADS']!r}: must be a whole number"
+            ) from None
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads {threads}: must be 1 or more")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -526,6 +637,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ruler import Judge
 
     _quiet_libraries()
+    _set_threads(args)
     project = args.project or _default_project(args.server)
     scenarios = eval_scenarios(
         args.scenarios, args.server, Path(args.path) / project, args.models, split=args.split
@@ -599,7 +711,9 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("tools", help="list a server's tools and resources")
     t.add_argument("server", help=SERVER_HELP)
     t.add_argument("--json", action="store_true", help="print JSON for machines")
-    t.add_argument("--timeout", type=float, default=30.0, help="start-up time-out in seconds")
+    t.add_argument(
+        "--timeout", type=float, default=30.0, help="start-up time-out in seconds (default 30)"
+    )
     t.set_defaults(func=cmd_tools)
 
     s = sub.add_parser("scenarios", help="write practice tasks for a server's tools")
@@ -611,10 +725,17 @@ def _parser() -> argparse.ArgumentParser:
     how.add_argument("--grounded", action="store_true", help="build tasks from schemas, no LLM")
     s.add_argument("--api-base", help="base URL of the generator's OpenAI-compatible endpoint")
     s.add_argument("--instructions", help="extra guidance for the LLM generator")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--val-fraction", type=float, default=0.25, help="share held out for eval")
-    s.add_argument("--show", type=int, default=5, help="examples to print")
-    s.add_argument("--timeout", type=float, default=30.0, help="start-up time-out in seconds")
+    s.add_argument("--seed", type=int, default=0, help="(default 0)")
+    s.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.25,
+        help="share held out for evaluation (default 0.25)",
+    )
+    s.add_argument("--show", type=int, default=5, help="examples to print (default 5)")
+    s.add_argument(
+        "--timeout", type=float, default=30.0, help="start-up time-out in seconds (default 30)"
+    )
     s.set_defaults(func=cmd_scenarios)
 
     tr = sub.add_parser("train", help="train a model to use a server's tools (resumes a run)")
@@ -656,39 +777,65 @@ def _parser() -> argparse.ArgumentParser:
         "--scenarios",
         help="JSONL file (default: the first run's, or the curated set of an example server)",
     )
-    ev.add_argument("--split", choices=["val", "train", "all"], default="val")
+    ev.add_argument(
+        "--split",
+        choices=["val", "train", "all"],
+        default="val",
+        help="which scenarios of the set (default val)",
+    )
     ev.add_argument("--project", help="project of the runs (default: from the server)")
-    ev.add_argument("--path", default=".mcprl")
-    ev.add_argument("--base-model", default="smollm2-135m")
+    ev.add_argument("--path", default=".mcprl", help="where runs live (default .mcprl)")
+    ev.add_argument(
+        "--base-model",
+        default="smollm2-135m",
+        help="the model 'base' means, and the runs' base (default smollm2-135m)",
+    )
     _add_device(ev)
     ev.add_argument("--api-base", help="base URL for LiteLLM models (e.g. a vLLM server)")
-    ev.add_argument("--attempts", type=int, default=1, help="attempts per scenario and model")
+    ev.add_argument(
+        "--attempts", type=int, default=1, help="attempts per scenario and model (default 1)"
+    )
     ev.add_argument(
         "--judge",
         help="also rank the models' attempts with RULER: a LiteLLM "
         "model, or 'local' for the local base model",
     )
-    ev.add_argument("--judge-api-base")
+    ev.add_argument("--judge-api-base", help="OpenAI-compatible base URL for the judge")
     ev.add_argument("--max-turns", type=int, help="default: as `mcprl train`")
     ev.add_argument("--max-tokens", type=int, help="default: as `mcprl train`")
     ev.add_argument("--temperature", type=float, help="default: as `mcprl train`")
-    ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--concurrency", type=int, default=8)
+    ev.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed; the same seed gives every model the same noise (default 0)",
+    )
+    ev.add_argument("--concurrency", type=int, default=8, help="attempts in flight (default 8)")
     ev.add_argument("--output", help="directory for the results (default PROJECT/evals)")
-    ev.add_argument("-q", "--quiet", action="store_true")
+    ev.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     ev.set_defaults(func=cmd_eval)
 
     rp = sub.add_parser("report", help="write report.html and plots for a run")
     rp.add_argument("run", help="PROJECT/MODEL under --path, or a run directory")
-    rp.add_argument("--path", default=".mcprl")
+    rp.add_argument("--path", default=".mcprl", help="where runs live (default .mcprl)")
     rp.set_defaults(func=cmd_report)
 
     v = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible endpoint")
-    v.add_argument("--model", default="smollm2-135m", help="smollm2-135m, a model dir or hub id")
-    v.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    v.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="smollm2-135m (the default), a model directory or a hub id",
+    )
+    v.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="(default bfloat16)"
+    )
     _add_device(v)
-    v.add_argument("--host", default="127.0.0.1", help="other than loopback needs an API key")
-    v.add_argument("--port", type=int, default=8000)
+    v.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default 127.0.0.1); other than loopback needs an API key",
+    )
+    v.add_argument("--port", type=int, default=8000, help="(default 8000)")
     v.add_argument(
         "--api-key",
         help="require this bearer token (visible to other users in `ps`: prefer the "
@@ -701,7 +848,12 @@ def _parser() -> argparse.ArgumentParser:
         help="let /v1/load_lora_adapter load adapters from under DIR (repeatable; default none)",
     )
     v.add_argument("--served-name", help="the model name clients use (default: --model)")
-    v.add_argument("--max-batch-size", type=int, default=32)
+    v.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        help="requests decoded together (default 32)",
+    )
     v.add_argument("--lora", action="append", metavar="NAME=PATH", help="load a LoRA adapter")
     v.set_defaults(func=cmd_serve)
     return p

@@ -18,7 +18,9 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
@@ -26,7 +28,7 @@ import anyio
 from mcprl.errors import MCPRLError
 from mcprl.types import AttemptError, Trajectory, TrajectoryGroup
 
-__all__ = ["GatherError", "gather_groups"]
+__all__ = ["GatherError", "gather_groups", "note_turn"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +51,29 @@ def _limit(max_exceptions: int | float, total: int) -> int:
 
 
 class _Progress:
+    """The attempts bar: it moves per model turn (turns, tokens/s) and per finished attempt,
+    and redraws every second so its clock shows that work goes on."""
+
     def __init__(self, total: int, desc: str, enabled: bool) -> None:
         self.bar = None
         if enabled:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc=desc, unit="attempt", leave=False)
-        self.done = self.errors = 0
+            self.bar = tqdm(
+                total=total,
+                desc=desc,
+                unit="attempt",
+                leave=False,
+                bar_format="{desc}: {n}/{total} attempts |{bar}| [{elapsed}{postfix}]",
+            )
+        self.done = self.errors = self.turns = self.tokens = 0
         self.rewards: list[float] = []
+        self.started = time.perf_counter()
+
+    def turn(self, tokens: int) -> None:
+        self.turns += 1
+        self.tokens += tokens
+        self._postfix()
 
     def update(self, errors: int = 0, reward: float | None = None) -> None:
         self.done += 1
@@ -64,15 +81,40 @@ class _Progress:
         if reward is not None:
             self.rewards.append(reward)
         if self.bar is not None:
-            postfix = {"errors": self.errors}
-            if self.rewards:
-                postfix["reward"] = f"{sum(self.rewards) / len(self.rewards):.3f}"
-            self.bar.set_postfix(postfix, refresh=False)
+            self._postfix(refresh=False)
             self.bar.update(1)
+
+    def _postfix(self, refresh: bool = True) -> None:
+        if self.bar is None:
+            return
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        parts = [f"{self.turns} turns", f"{self.tokens / seconds:.0f} tok/s"]
+        if self.errors:
+            parts.append(f"{self.errors} failed")
+        if self.rewards:
+            parts.append(f"reward {sum(self.rewards) / len(self.rewards):.3f}")
+        self.bar.set_postfix_str(", ".join(parts), refresh=refresh)
+
+    async def tick(self) -> None:
+        while self.bar is not None:
+            await anyio.sleep(1.0)
+            self.bar.refresh()
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
+
+
+_progress: ContextVar[_Progress | None] = ContextVar("mcprl_progress", default=None)
+
+
+def note_turn(tokens: int) -> None:
+    """Count one model turn of `tokens` generated tokens on the progress bar of the
+    `gather_groups` call this attempt runs in (rollouts call it; elsewhere it does nothing)."""
+    bar = _progress.get()
+    if bar is not None:
+        bar.turn(tokens)
 
 
 async def gather_groups(
@@ -92,6 +134,7 @@ async def gather_groups(
     results: list[TrajectoryGroup | None] = [None] * len(groups)
     errors: list[AttemptError] = []
     bar = _Progress(total, desc, progress)
+    token = _progress.set(bar)  # the attempts' tasks inherit it: they report their turns
 
     async def attempt(item: Attempt, group: TrajectoryGroup) -> None:
         async with limiter:
@@ -126,11 +169,15 @@ async def gather_groups(
 
     try:
         async with anyio.create_task_group() as tg:
-            for i in range(len(groups)):
-                tg.start_soon(run_group, i)
+            tg.start_soon(bar.tick)  # the clock moves while nothing finishes
+            async with anyio.create_task_group() as attempts:
+                for i in range(len(groups)):
+                    attempts.start_soon(run_group, i)
+            tg.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
         raise _first(eg) from None
     finally:
+        _progress.reset(token)
         bar.close()
     return [g for g in results if g is not None]
 

@@ -26,6 +26,7 @@ from mcprl.types import Trajectory, read_groups
 __all__ = ["write_report"]
 
 _PHASES = [
+    ("val/time_s", "evaluation"),
     ("time/rollout_s", "rollouts"),
     ("time/judge_s", "judging"),
     ("train/time_train_s", "training"),
@@ -48,15 +49,83 @@ _PARTS = [
 ]
 
 
-def _no_update(rows: list[dict[str, Any]]) -> str:
-    steps = sorted({r["step"] for r in rows if r.get("train/skipped_update")})
-    if not steps:
+_TRAINER = [
+    ("train/loss", "loss"),
+    ("train/grad_norm", "grad norm"),
+    ("train/kl", "KL"),
+    ("train/clip_fraction", "clip fraction"),
+    ("train/abs_logprob_drift", "log-prob drift"),
+]
+
+
+def _updates(rows: list[dict[str, Any]]) -> str:
+    """ "N of M steps updated the model", and which did not."""
+    trained = sorted({r["step"] for r in rows if "train/reward_mean" in r})
+    if not trained:
         return ""
-    listed = html.escape(", ".join(map(str, steps)))
-    return (
-        f"<p><b>No update at step{'s' if len(steps) > 1 else ''} {listed}</b>: every group's "
-        "rewards tied, so there was nothing to learn from (the adapter did not change).</p>"
+    steps = sorted({r["step"] for r in rows if r.get("train/skipped_update")})
+    text = (
+        f"<p><b>{len(trained) - len(steps)} of {len(trained)} step"
+        f"{'' if len(trained) == 1 else 's'} updated the model.</b>"
     )
+    if steps:
+        listed = html.escape(", ".join(map(str, steps)))
+        text += (
+            f" No update at step{'s' if len(steps) > 1 else ''} {listed}: every group's "
+            "rewards tied, so there was nothing to learn from (the adapter did not change; "
+            "marked ✕ on the training reward plot)."
+        )
+    return text + "</p>"
+
+
+def _settings(run_dir: Path, info: dict[str, Any]) -> str:
+    """The run's settings (`run_config.json`, written when a run starts) as a table."""
+    path = run_dir / "run_config.json"
+    if not path.is_file():
+        return ""
+    config = json.loads(path.read_text(encoding="utf-8"))
+    rollout, train = config.get("rollout", {}), config.get("train", {})
+    lora = info.get("lora") or config.get("lora", {})  # model.json: the adapter as made
+    shown = [
+        ("base model", config.get("base_model")),
+        ("steps", config.get("steps")),
+        (
+            "groups per step × attempts",
+            f"{config.get('groups_per_step')} × {config.get('rollouts_per_group')}",
+        ),
+        ("sampling", f"{config.get('sampling')}, oversample {config.get('oversample')}"),
+        ("reward", config.get("reward")),
+        ("judge", config.get("judge") or "–"),
+        ("learning rate", train.get("learning_rate")),
+        (
+            "loss",
+            f"{train.get('loss')}, clip {train.get('eps_low')}/{train.get('eps_high')}, "
+            f"KL beta {train.get('beta')}, scale rewards {train.get('scale_rewards')}",
+        ),
+        ("LoRA", f"r {lora.get('r')}, alpha {lora.get('alpha')}"),
+        (
+            "turns, tokens per reply",
+            f"{rollout.get('max_turns')} "
+            f"({rollout.get('turn_budget')}), {rollout.get('max_tokens')}",
+        ),
+        ("temperature", rollout.get("temperature")),
+        (
+            "forced final answer, typed",
+            f"{rollout.get('force_final_answer')}, {rollout.get('typed_answer')}",
+        ),
+        (
+            "evaluation",
+            f"every {config.get('eval_every')} steps, "
+            f"{config.get('val_attempts')} attempts × "
+            f"{config.get('max_val_scenarios') or 'all'} val scenarios",
+        ),
+        ("seed", config.get("seed")),
+    ]
+    body = "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in shown
+    )
+    summary = "<summary>Settings of the latest start</summary>"
+    return f"<details>{summary}<table>{body}</table></details>"
 
 
 def _judge_losses(rows: list[dict[str, Any]]) -> str:
@@ -90,6 +159,10 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     def save(fig, name: str, caption: str) -> None:
         for ax in fig.axes:
             if ax.get_xlabel() == "step":
+                low, high = ax.get_xlim()
+                if high - low < 2:  # one or two steps: whole-step ticks, not 0.95 … 1.05
+                    middle = (low + high) / 2
+                    ax.set_xlim(math.floor(middle) - 1, math.ceil(middle) + 1)
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
         fig.savefig(run_dir / name, dpi=100)
@@ -101,7 +174,8 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
         steps, values = _series(rows, key)
         if steps:
             ax.plot(steps, values, marker="o", label=label)
-    ax.set(xlabel="step", ylabel="val", ylim=(-0.05, 1.05), title="Validation")
+    ax.set(xlabel="step", ylabel="mean reward · share solved", ylim=(-0.05, 1.05))
+    ax.set(title="Validation")
     _legend(ax)
     ax.grid(alpha=0.3)
     save(fig, "val.png", "Val reward and success rate over steps (step 0 is the base model).")
@@ -119,6 +193,18 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                 alpha=0.25,
                 label="± std",
             )
+        skipped = sorted({r["step"] for r in rows if r.get("train/skipped_update")})
+        if skipped:
+            by_step = dict(zip(steps, mean, strict=False))
+            ax.scatter(
+                skipped,
+                [by_step.get(x, 0.0) for x in skipped],
+                marker="x",
+                s=80,
+                color="#c62828",
+                zorder=3,
+                label="no update (all tied)",
+            )
         _legend(ax)
     ax.set(xlabel="step", ylabel="reward", title="Training reward")
     ax.grid(alpha=0.3)
@@ -127,13 +213,17 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     files = _trajectory_files(run_dir, "train")
     label = "judge score"
+    samples, names = [], []
     for path in [files[0], files[-1]] if len(files) > 1 else files:
         trajs = [t for g in read_groups(path) for t in g.trajectories]
         scores = [t.metrics["reward_ruler"] for t in trajs if "reward_ruler" in t.metrics]
         if not scores:
             scores, label = [t.reward for t in trajs if t.reward is not None], "reward"
-        ax.hist(scores, bins=10, range=(0, 1), alpha=0.55, label=f"step {int(path.stem)}")
-    if files:
+        samples.append(scores)
+        names.append(f"step {int(path.stem)}")
+    if samples:  # side by side, not overlaid: two colours that never blend
+        colors = ["#90a4ae", "#1565c0"][: len(samples)]
+        ax.hist(samples, bins=10, range=(0, 1), label=names, color=colors)
         _legend(ax)
     ax.set(xlabel=label, ylabel="attempts", title=f"Distribution of {label}s")
     save(fig, "scores.png", f"Distribution of {label}s, first and latest training step.")
@@ -180,17 +270,45 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
             for s, v in zip(steps, values, strict=False):
                 bottom[s] = bottom.get(s, 0.0) + v
     ax.set(xlabel="step", ylabel="seconds", title="Wall time per phase")
-    if bottom:
-        _legend(ax)
-    save(fig, "time.png", "Where each step's time went.")
+    if bottom:  # beside the plot: a legend inside hides a bar
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    save(
+        fig,
+        "time.png",
+        "Where each step's time went (step 0's and each evaluated step's evaluation included).",
+    )
+
+    trainer = [(k, n) for k, n in _TRAINER if _series(rows, k)[0]]
+    if trainer:
+        fig, axes = plt.subplots(1, len(trainer), figsize=(2.6 * len(trainer), 2.6))
+        for ax, (key, name) in zip(list(getattr(axes, "flat", [axes])), trainer, strict=False):
+            steps, values = _series(rows, key)
+            ax.plot(steps, values, marker="o", markersize=3)
+            ax.set(xlabel="step", title=name)
+            ax.title.set_fontsize("small")
+            ax.grid(alpha=0.3)
+        save(
+            fig,
+            "trainer.png",
+            "The trainer per step: loss, gradient norm (before clipping), KL to the base model "
+            "(0 unless --beta), the share of tokens whose ratio was clipped, and how far "
+            "log-probabilities moved from the rollout's (mean absolute).",
+        )
     return made
 
 
+_COUNTS = ("attempts", "failed_attempts", "turns", "tool_calls", "tool_errors")
+
+
 def _fmt(value: Any, key: str = "") -> str:
-    if isinstance(value, float) and key in ("success", "completed") and not math.isnan(value):
+    if isinstance(value, float) and math.isnan(value):
+        return "–"
+    if isinstance(value, float) and key in ("success", "completed"):
         return f"{value:.0%}"
+    if isinstance(value, float) and key in _COUNTS and value.is_integer():
+        return str(int(value))  # counts are whole numbers: "2", not "2.000"
     if isinstance(value, float):
-        return "–" if math.isnan(value) else f"{value:.3f}"
+        return f"{value:.2f}" if key in _COUNTS else f"{value:.3f}"
     return html.escape(str(value))
 
 
@@ -223,7 +341,19 @@ def _clip(text: str, limit: int = 1500) -> str:
     return text if len(text) <= limit else text[:limit] + f" … [{len(text) - limit} more chars]"
 
 
-def _render(t: Trajectory) -> str:
+def _stop_reason(t: Trajectory) -> str:
+    if t.metrics.get("completed"):
+        return "called complete_task"
+    if t.metrics.get("hit_context_limit"):
+        return "the conversation outgrew the context"
+    if t.choices and t.choices[-1].finish_reason == "length":
+        return "the reply was cut at the token limit"
+    if t.metrics.get("ran_out_of_turns"):
+        return "ran out of turns"
+    return "replied without a tool call"
+
+
+def _render(t: Trajectory, reference: str | None = None) -> str:
     parts = []
     for m in t.messages:
         role = html.escape(str(m.get("role", "?")))
@@ -240,13 +370,35 @@ def _render(t: Trajectory) -> str:
         parts.append(block)
     shown = ("success", "completed", "turns", "tool_errors", "reward_reference", "reward_ruler")
     metrics = ", ".join(f"{k} {_fmt(t.metrics[k], k)}" for k in shown if k in t.metrics)
+    metrics = metrics.replace("tool_errors", "tool errors")
     reward = _fmt(t.reward) if t.reward is not None else "–"
+    answer = t.metadata.get("final_answer")
+    outcome = f"stop: {_stop_reason(t)} · answer {answer if answer is not None else '–'}"
+    if reference is not None:
+        outcome += f" · reference {reference}"
     return (
         f'<div class="traj"><p><b>reward {reward}</b> · scenario '
-        f"{html.escape(str(t.metadata.get('scenario_id')))} · {html.escape(metrics)}</p>"
-        + "".join(parts)
-        + "</div>"
+        f"{html.escape(str(t.metadata.get('scenario_id')))} · {metrics}<br>"
+        f"{html.escape(_clip(outcome, 400))}</p>" + "".join(parts) + "</div>"
     )
+
+
+def _references(run_dir: Path) -> dict[str, str]:
+    """Reference answers by scenario id, from the scenarios stored with the run."""
+    path = run_dir / "scenarios.jsonl"
+    if not path.is_file():
+        return {}
+    from mcprl.scenarios import ScenarioSet
+
+    try:
+        scenarios = ScenarioSet.load(path)
+    except Exception:  # the report shows what it can
+        return {}
+    return {
+        s.id: str(s.reference.answer)
+        for s in scenarios
+        if s.reference is not None and s.reference.answer is not None
+    }
 
 
 def _best_and_worst(run_dir: Path) -> tuple[int | None, list[Trajectory], list[Trajectory]]:
@@ -259,12 +411,16 @@ def _best_and_worst(run_dir: Path) -> tuple[int | None, list[Trajectory], list[T
     return int(files[-1].stem), ranked[:k], ranked[::-1][:k] if len(ranked) > 1 else []
 
 
+_WIDE_PLOTS = ("trainer.png",)  # several panels side by side: the page's full width
+_WIDE = ' class="wide"'
+
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 h1{margin-bottom:0}.sub{color:#666;margin-top:.3em}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .8em}
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:1em}
-figure{margin:0}figure img{width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.9em}
+figure{margin:0}figure.wide{grid-column:1/-1}
+figure img{width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.9em}
 .cols{display:grid;grid-template-columns:1fr 1fr;gap:1.5em}
 .traj{border:1px solid #ddd;border-radius:6px;padding:.5em;margin-bottom:1em;font-size:.85em}
 .msg{margin:.3em 0;padding:.3em .5em;border-radius:4px}.msg pre{white-space:pre-wrap;margin:.2em 0}
@@ -290,15 +446,21 @@ def write_report(run_dir: str | Path) -> Path:
     steps = [str(r["step"]) for r in rows]
     span = html.escape(f"{steps[0]}–{steps[-1]}" if steps else "0–0")
     figures = "".join(
-        f'<figure><img src="{html.escape(name)}" alt="{html.escape(caption)}">'
+        f"<figure{_WIDE if name in _WIDE_PLOTS else ''}>"
+        f'<img src="{html.escape(name)}" alt="{html.escape(caption)}">'
         f"<figcaption>{html.escape(caption)}</figcaption></figure>"
         for name, caption in plots
     )
+    refs = _references(run_dir)
+
+    def card(t: Trajectory) -> str:
+        return _render(t, refs.get(str(t.metadata.get("scenario_id"))))
+
     trajectories = (
         f"<h2>Attempts at step {html.escape(str(step))}</h2><div class='cols'><div><h3>Best</h3>"
-        + "".join(map(_render, best))
+        + "".join(map(card, best))
         + "</div><div><h3>Worst</h3>"
-        + "".join(map(_render, worst))
+        + "".join(map(card, worst))
         + "</div></div>"
         if step is not None
         else "<p>No training step yet.</p>"
@@ -310,8 +472,9 @@ def write_report(run_dir: str | Path) -> Path:
 <p class="sub">base model {html.escape(str(info.get("base_model")))} · steps
 {span} · written {datetime.now():%Y-%m-%d %H:%M}</p>
 <h2>Validation: first and latest evaluation</h2>{_summary_table(rows)}
-{_no_update(rows)}
+{_updates(rows)}
 {_judge_losses(rows)}
+{_settings(run_dir, info)}
 <div class="plots">{figures}</div>
 {trajectories}
 </body></html>"""

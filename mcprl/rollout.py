@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from mcprl.gather import note_turn
 from mcprl.mcp import ToolInfo, open_session, openai_tools
 from mcprl.scenarios import Scenario
 from mcprl.types import Choice, Trajectory
@@ -329,9 +330,12 @@ async def _complete(client: Any, served: str, traj: Trajectory, config: RolloutC
     if config.extra_body:
         kwargs["extra_body"] = config.extra_body
     try:
-        return await client.chat.completions.create(**kwargs)
+        response = await client.chat.completions.create(**kwargs)
     except openai.BadRequestError as exc:
         if "context" in str(exc).lower():
             traj.log(f"turn {turn + 1}: stopped at the context limit ({exc})")
             return None
         raise
+    usage = getattr(response, "usage", None)
+    note_turn(getattr(usage, "completion_tokens", None) or 0)  # the progress bar moves per turn
+    return response

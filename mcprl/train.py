@@ -51,7 +51,8 @@ from mcprl.model import TrainableModel
 from mcprl.rewards import ReferenceReward, scorer
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet
-from mcprl.training import TrainConfig
+from mcprl.trackers import close_trackers, open_trackers
+from mcprl.training import LoraConfig, TrainConfig
 from mcprl.types import TrajectoryGroup, read_groups
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError, Usage
 
@@ -101,6 +102,10 @@ class RunConfig(BaseModel):
         "than this fraction of a step's (or an evaluation's) groups",
     )
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="for a new run only")
+    trackers: list[Literal["csv", "tensorboard", "wandb"]] = Field(
+        default_factory=list, description="copies of history.jsonl (see mcprl.trackers)"
+    )
     train: TrainConfig = Field(
         # a LoRA on the 135M default learns in a few steps only at this rate; use 1e-5..5e-5
         # for billion-parameter models (see benchmarks/RESULTS.md, "Does training help?")
@@ -157,8 +162,13 @@ class TrainingRun:
         self.say = say or logger.info
         self.progress = progress
         self.model = TrainableModel(
-            name=config.name, project=config.project, base_model=config.base_model
+            name=config.name,
+            project=config.project,
+            base_model=config.base_model,
+            config={"lora": config.lora.model_dump()},
         )
+        self.trackers: list[Any] = []
+        self._tracked = 0  # history rows sent to the trackers
         self.scenarios = ScenarioSet()
         self.judge: Judge | None = None
         self.reward: str = config.reward
@@ -183,8 +193,10 @@ class TrainingRun:
     ) -> None:
         """Run the preflight checks (module docstring); raise `PreflightError` with the fix."""
         from mcprl.serving import check_model
+        from mcprl.trackers import check_trackers
 
         check_model(self.config.base_model)  # before anything is written or generated
+        check_trackers(self.config.trackers)
         if self.server is not None:
             self.info = await inspect_server(self.server)
             self.say(f"✓ server {self.info.name}: {len(self.info.tools)} tools")
@@ -304,21 +316,54 @@ class TrainingRun:
             last_step=start,
             target_steps=config.steps,
         )
-        with anyio.CancelScope() as self._scope:
-            if self._stop:
-                self._scope.cancel()
-            if (start == 0 and not self._has_val(0)) or self._eval_due(start):
-                await self._evaluate(summary)
-            while self.backend.step(self.model) < config.steps:
-                await self._step(summary)
-                if self._eval_due(self.backend.step(self.model)):
+        # the settings of this start, for the report and for whoever reruns it
+        (self.run_dir / "run_config.json").write_text(
+            self.config.model_dump_json(indent=2), encoding="utf-8"
+        )
+        self._open_trackers()
+        try:
+            with anyio.CancelScope() as self._scope:
+                if self._stop:
+                    self._scope.cancel()
+                if (start == 0 and not self._has_val(0)) or self._eval_due(start):
                     await self._evaluate(summary)
+                    self._track()
+                while self.backend.step(self.model) < config.steps:
+                    await self._step(summary)
+                    self._track()
+                    if self._eval_due(self.backend.step(self.model)):
+                        await self._evaluate(summary)
+                        self._track()
+        finally:
+            self._track()
+            close_trackers(self.trackers)
         summary.interrupted = self._scope.cancel_called
         summary.last_step = self.backend.step(self.model)
         self._fill_baseline(summary)
         if config.write_report:
             summary.report = self._report()
         return summary
+
+    def _open_trackers(self) -> None:
+        rows = self.backend.store(self.model).history()
+        self.trackers = open_trackers(
+            self.config.trackers,
+            self.run_dir,
+            name=f"{self.config.project}/{self.config.name}",
+            config=self.config.model_dump(mode="json", exclude={"rubric"}),
+            history=rows,
+        )
+        self._tracked = len(rows)
+
+    def _track(self) -> None:
+        """Send the history rows appended since the last call to the trackers."""
+        if not self.trackers:
+            return
+        rows = self.backend.store(self.model).history()
+        for row in rows[self._tracked :]:
+            for tracker in self.trackers:
+                tracker.log(row)
+        self._tracked = len(rows)
 
     def _scorer(self):
         weights = {"reference": (1.0, 0.0), "ruler": (0.0, 1.0), "both": (0.5, 0.5)}[self.reward]
@@ -386,14 +431,17 @@ class TrainingRun:
             f"step {result.step}/{config.steps}: reward {m.get('reward_mean', math.nan):.3f} "
             f"± {m.get('reward_std', math.nan):.3f}"
             + (f", success {stats['success']:.0%}" if "success" in stats else "")
-            + f", {counts['groups_trained']:.0f} groups trained"
-            + f" ({counts['groups_drawn']:.0f} drawn, {counts['groups_tied']:.0f} tied"
+            + f", {_plural(counts['groups_trained'], 'group')} trained of "
+            + f"{counts['groups_drawn']:.0f} drawn ({counts['groups_tied']:.0f} tied"
             + (f", {dropped} lost to the judge" if dropped else "")
             + ")"
-            + (" (no signal: no update)" if m.get("skipped_update") else "")
+            + ("; no update: no group had differing rewards" if m.get("skipped_update") else "")
             + f" | rollouts {times['rollout']:.0f} s, judge {times['judge']:.0f} s, "
             f"train {times['train']:.0f} s"
         )
+        warning = _alike_warning(groups, self.reward)
+        if warning:
+            self.say(f"  warning: {warning}")
 
     async def _draw_groups(
         self, step: int
@@ -517,16 +565,40 @@ def _ids(scenarios: ScenarioSet) -> set[str]:
     return {s.id for s in scenarios}
 
 
+def _alike_warning(groups: list[TrajectoryGroup], reward: str) -> str | None:
+    """What to tell the user when a step's attempts all scored alike (nothing can be learned)."""
+    rewards = {round(t.reward, 6) for g in groups for t in g.trajectories if t.reward is not None}
+    if len(rewards) != 1:
+        return None
+    (value,) = rewards
+    if reward in ("ruler", "both"):
+        return (
+            f"the judge gave every attempt of this step the same score ({value:.2f}), so there "
+            "is nothing to learn from it; a judge that cannot tell attempts apart needs a "
+            "stronger model (--judge) or a clearer rubric"
+        )
+    return (
+        f"every attempt of this step scored {value:.2f}: the scenarios drawn are all too easy or "
+        "all too hard for the model now (more --rollouts-per-group or --oversample find "
+        "differing groups more often)"
+    )
+
+
 def _describe(metrics: dict[str, float]) -> str:
     parts = []
     if "success" in metrics:
         parts.append(f"success {metrics['success']:.0%}")
     if "reward" in metrics:
         parts.append(f"reward {metrics['reward']:.3f}")
-    for key, label in (("completed", "completed"), ("tool_errors", "tool errors/attempt")):
-        if key in metrics:
-            parts.append(f"{label} {metrics[key]:.2f}")
-    return ", ".join(parts) + f" ({metrics.get('attempts', 0):.0f} attempts)"
+    if "completed" in metrics:
+        parts.append(f"completed {metrics['completed']:.0%}")
+    if "tool_errors" in metrics:
+        parts.append(f"tool errors/attempt {metrics['tool_errors']:.2f}")
+    return ", ".join(parts) + f"; {_plural(metrics.get('attempts', 0), 'attempt')}"
+
+
+def _plural(count: float, noun: str) -> str:
+    return f"{count:.0f} {noun}{'' if round(count) == 1 else 's'}"
 
 
 class _Bar:
@@ -541,7 +613,13 @@ class _Bar:
         if self.bar is None:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc=self.desc, leave=False, unit="batch")
+            # no rate: micro-batches differ in size, and the first arrives after a long wait
+            self.bar = tqdm(
+                total=total,
+                desc=self.desc,
+                leave=False,
+                bar_format="{desc}: {n}/{total} micro-batches |{bar}| [{elapsed}]",
+            )
         self.bar.n = done
         self.bar.refresh()
 

@@ -32,8 +32,8 @@ def _attempt(reward: float, answer: str) -> Trajectory:
             {"role": "assistant", "content": answer},
         ],
         reward=reward,
-        metrics={"turns": 2.0, "tool_errors": 0.0, "reward_ruler": reward},
-        metadata={"scenario_id": "add-2-3"},
+        metrics={"turns": 2.0, "tool_errors": 0.0, "reward_ruler": reward, "completed": 1.0},
+        metadata={"scenario_id": "add-2-3", "final_answer": answer},
     )  # fmt: skip
 
 
@@ -52,6 +52,9 @@ def run_dir(tmp_path: Path) -> Path:
                 "train/reward_reported": 0.2, "train/groups_drawn": 6.0,
                 "train/groups_trained": 0.0 if step == 2 else 4.0,
                 "train/skipped_update": 1.0 if step == 2 else 0.0,
+                **({} if step == 2 else {"train/loss": -0.1, "train/grad_norm": 0.5,
+                                        "train/kl": 0.0, "train/clip_fraction": 0.01,
+                                        "train/abs_logprob_drift": 0.02}),
             })  # fmt: skip
             group = TrajectoryGroup(
                 scenario_id="add-2-3",
@@ -59,8 +62,25 @@ def run_dir(tmp_path: Path) -> Path:
             )
             store.write_trajectories("train", step, [group])
         store.append_history({"step": step, "val/attempts": 8.0, "val/success": 0.1 * step,
-                              "val/reward": 0.15 * step})  # fmt: skip
+                              "val/reward": 0.15 * step, "val/time_s": 40.0})  # fmt: skip
     return store.dir
+
+
+def test_report_shows_settings_trainer_metrics_and_each_attempts_outcome(run_dir: Path):
+    from mcprl.scenarios import Reference, Scenario, ScenarioSet
+    from mcprl.train import RunConfig
+
+    config = RunConfig(project="calc", steps=3, trackers=["csv"])
+    (run_dir / "run_config.json").write_text(config.model_dump_json())
+    ScenarioSet(
+        [Scenario(id="add-2-3", task="Add 2 and 3.", difficulty=1, reference=Reference(answer="5"))]
+    ).save(run_dir / "scenarios.jsonl")
+    html = write_report(run_dir).read_text()
+    assert (run_dir / "trainer.png").stat().st_size > 5000 and 'src="trainer.png"' in html
+    assert "<td>LoRA</td><td>r 8, alpha 16</td>" in html
+    assert "<td>steps</td><td>3</td>" in html and "<td>learning rate</td><td>0.001</td>" in html
+    assert "stop: called complete_task · answer 2 + 3 = 5 · reference 5" in html
+    assert "evaluation" in html  # the time chart's phases are in its caption
 
 
 def test_report_has_plots_a_summary_and_the_best_and_worst_attempts(run_dir: Path):
@@ -71,8 +91,9 @@ def test_report_has_plots_a_summary_and_the_best_and_worst_attempts(run_dir: Pat
     for png in pngs:
         assert (run_dir / png).stat().st_size > 5000, png
         assert f'src="{png}"' in html
-    assert "No update at step 2</b>: every group" in html
+    assert "2 of 3 steps updated the model.</b> No update at step 2: every group" in html
     assert "step 0" in html and "step 3" in html  # baseline and latest evaluation
+    assert "<td>attempts</td><td>8</td><td>8</td>" in html  # counts are whole numbers
     best, worst = html.split("<h3>Best</h3>")[1].split("<h3>Worst</h3>")
     assert "2 + 3 = 5" in best and "It is 6" in worst
     assert "&lt;b&gt;now&lt;/b&gt;" in html  # conversation text is escaped, not rendered

@@ -88,6 +88,13 @@ class LocalBackend:
                 f"{info.get('base_model')!r}, not {model.base_model!r}; use another model name "
                 "or project"
             )
+        stored = LoraConfig(**(info or {}).get("lora", {}))
+        if info is not None and "lora" in model.config and stored != lora:
+            raise ValueError(
+                f"{self.path / model.project / model.name} has a LoRA of r={stored.r}, "
+                f"alpha={stored.alpha}, not r={lora.r}, alpha={lora.alpha}; resume it with "
+                f"--lora-r {stored.r} --lora-alpha {stored.alpha}, or start a new run with --name"
+            )
         server = self._ensure_server(model.base_model)
         store = RunStore(self.path, model.project, model.name)
         if info is None:
