@@ -88,7 +88,8 @@ class _Progress:
         if self.bar is None:
             return
         seconds = max(time.perf_counter() - self.started, 1e-9)
-        parts = [f"{self.turns} turns", f"{self.tokens / seconds:.0f} tok/s"]
+        turns = f"{self.turns} turn{'' if self.turns == 1 else 's'}"
+        parts = [turns, f"{self.tokens / seconds:.0f} tok/s"]
         if self.errors:
             parts.append(f"{self.errors} failed")
         if self.rewards:

@@ -177,7 +177,8 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
     assert backend.rows[0]["train/groups_drawn"] == 3  # 2 × 1.5: the budget holds
     assert backend.rows[0]["train/groups_trained"] == 0
     assert summary.steps_without_update == 1
-    assert "no signal: no update" in said[-1]
+    assert "; no update: no group had differing rewards" in said[-2]
+    assert said[-1].startswith("  warning: every attempt of this step scored")
 
 
 def _summary(run: TrainingRun):

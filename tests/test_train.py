@@ -7,6 +7,7 @@ tests that inspect it.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -59,7 +60,7 @@ def trained(tmp_path_factory):
         argv = [
             "train", "example:calculator", "--path", str(tmp / "runs"), "--scenarios",
             str(scenarios), "--reward", "ruler", "--judge", "openai/scripted-judge",
-            "--judge-api-base", judge.base_url, *TRAIN_ARGS,
+            "--judge-api-base", judge.base_url, *TRAIN_ARGS, "--tracker", "csv",
         ]  # fmt: skip
         code = main(argv)
         scored = [r for r in judge.requests if len(r["messages"]) > 1]
@@ -87,6 +88,25 @@ def test_one_step_writes_checkpoint_history_trajectories_and_report(trained, cap
     for png in ("val.png", "train_reward.png", "scores.png", "behaviour.png", "time.png"):
         assert f'src="{png}"' in html and (run / png).stat().st_size > 1000
     assert "Best" in html and "Worst" in html
+
+
+def test_the_run_keeps_its_settings_and_a_csv_copy_of_its_history(trained):
+    run = trained["run"]
+    settings = json.loads((run / "run_config.json").read_text())
+    assert settings["steps"] == 1 and settings["trackers"] == ["csv"]
+    rows = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+    with (run / "metrics.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["step"] for r in table] == [str(r["step"]) for r in rows]
+    assert float(next(r for r in table if r["train/loss"])["train/trained_tokens"]) > 0
+
+
+def test_resuming_with_another_lora_shape_is_refused(trained, capsys):
+    argv = [*trained["argv"], "--lora-r", "16"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "has a LoRA of r=8, alpha=16, not r=16, alpha=16" in err
+    assert "--lora-r 8 --lora-alpha 16" in err
 
 
 def test_the_step_changed_the_adapter_weights(trained):
@@ -140,12 +160,17 @@ def test_eval_names_what_it_cannot_find(trained, capsys):
     assert "no checkpoint for that step" in capsys.readouterr().err
 
 
-def test_ctrl_c_stops_cleanly_and_the_run_resumes(tmp_path):
+def _interrupt(
+    tmp_path: Path, when: str, *extra: str, quiet: bool = True
+) -> tuple[int, str, str, list[str]]:
+    """Run `mcprl train`, press Ctrl-C once a stderr line starts with `when`; return the code,
+    stdout, stderr and the lines seen before the signal."""
+    flags = [a for a in TRAIN_ARGS if quiet or a != "-q"]
     scenarios = _small_scenarios(tmp_path / "calc.jsonl")
     argv = [
         sys.executable, "-m", "mcprl.cli", "train", "example:calculator", "--path",
         str(tmp_path / "runs"), "--scenarios", str(scenarios), "--reward", "reference",
-        "--max-val", "1", *TRAIN_ARGS, "--val-attempts", "1",
+        "--max-val", "1", *flags, "--val-attempts", "1", *extra,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -154,20 +179,35 @@ def test_ctrl_c_stops_cleanly_and_the_run_resumes(tmp_path):
     )  # fmt: skip
     lines = []
     deadline = time.monotonic() + 240
-    for line in proc.stderr:  # wait for the baseline evaluation, then press Ctrl-C
+    for line in proc.stderr:
         lines.append(line)
-        if line.startswith("eval at step 0") or time.monotonic() > deadline:
+        if line.lstrip().startswith(when) or time.monotonic() > deadline:
             break
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, "".join(lines) + err  # a script can tell it was cut short
+    return proc.returncode, out, err, lines
+
+
+def test_ctrl_c_stops_cleanly_and_the_run_resumes(tmp_path):
+    code, out, err, lines = _interrupt(tmp_path, "eval at step 0")  # after the baseline
+    assert code == 130, "".join(lines) + err  # a script can tell it was cut short
     assert "stopping:" in err
     assert "stopped early at step 0" in out
     assert "resume: mcprl train" in out
     run = tmp_path / "runs" / "calculator" / "agent"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["0000"]
     assert not list((run / "checkpoints").glob(".*"))  # no half-written checkpoint
+
+
+def test_ctrl_c_in_the_baseline_evaluation_exits_130_without_an_abort(tmp_path):
+    # progress bars on (no -q), one thread: what a first run on a busy laptop looks like
+    extra = ("--threads", "1")
+    code, out, err, lines = _interrupt(tmp_path, "reward:", *extra, quiet=False)
+    assert code == 130, "".join(lines) + err
+    assert "the evaluation in progress is dropped" in err  # the message fits the phase
+    assert "terminate called" not in err and "Traceback" not in err
+    assert "stopped early at step 0" in out
 
 
 def _junk_judge(body: dict) -> tuple[int, dict]:

@@ -1,0 +1,212 @@
+"""What a newcomer meets first: help texts with defaults, the quick preset, thread control,
+trackers, progress that moves per turn, and summaries that say whether steps learned anything."""
+
+from __future__ import annotations
+
+import csv
+import sys
+import types
+
+import pytest
+
+from mcprl.cli import QUICK, _parser, _run_config, main, print_summary
+from mcprl.gather import gather_groups, note_turn
+from mcprl.trackers import CsvTracker, check_trackers, open_trackers
+from mcprl.train import RunConfig, RunSummary, _alike_warning
+from mcprl.types import Trajectory, TrajectoryGroup
+
+
+@pytest.mark.parametrize("command", ["train", "autorl", "eval", "serve", "scenarios"])
+def test_every_option_has_help_and_the_knobs_show_their_defaults(command, capsys):
+    parser = _parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+    for action in sub._actions:
+        assert action.help, f"mcprl {command} {action.option_strings or action.dest}: no help"
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    expected = {
+        "train": ["--groups-per-step", "(default 4)", "attempts per scenario (default 6)",
+                  "turns per attempt (default 6)", "(default 128)", "temperature (default 1)",
+                  "(default 5)", "attempts per val scenario (default 2)",
+                  "attempts in flight (default 16)", "learning rate (default 0.001)",
+                  "KL penalty", "LoRA rank, new runs only (default 8)", "--quick"],
+        "autorl": ["(default 4)", "--threads", "--tracker"],
+        "eval": ["attempts per scenario and model (default 1)", "(default 8)", "(default 0)"],
+        "serve": ["(default 8000)", "(default 32)", "(default 127.0.0.1)"],
+        "scenarios": ["(default 24)", "(default 0.25)"],
+    }[command]  # fmt: skip
+    for piece in expected:
+        assert piece in text, piece
+
+
+def _config(*flags: str) -> RunConfig:
+    args = _parser().parse_args(["train", "example:calculator", *flags])
+    return _run_config(args)
+
+
+def test_quick_sets_a_small_run_and_the_flags_given_still_win():
+    quick = _config("--quick")
+    assert (quick.steps, quick.groups_per_step, quick.rollouts_per_group) == (2, 2, 4)
+    assert (quick.max_val_scenarios, quick.val_attempts, quick.eval_every) == (4, 2, 0)
+    assert set(QUICK) <= set(vars(_parser().parse_args(["train", "x"])))
+    assert _config("--quick", "--steps", "3").steps == 3
+    assert _config().steps == RunConfig().steps  # without --quick: the library's defaults
+
+
+def test_trainer_knobs_and_lora_reach_the_config():
+    config = _config("--beta", "0.05", "--epsilon", "0.1", "--epsilon-high", "0.3",
+                     "--no-scale-rewards", "--lora-r", "16", "--lora-alpha", "32",
+                     "--tracker", "csv")  # fmt: skip
+    assert (config.train.beta, config.train.eps_low, config.train.eps_high) == (0.05, 0.1, 0.3)
+    assert config.train.scale_rewards is False
+    assert (config.lora.r, config.lora.alpha) == (16, 32)
+    assert config.trackers == ["csv"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--lora-r", "0"], "--lora-r 0: must be greater than or equal to 1"),
+        (["--epsilon", "1.5"], "--epsilon 1.5: must be less than 1"),
+        (["--threads", "0"], "--threads 0: must be 1 or more"),
+    ],
+)
+def test_bad_knobs_fail_in_one_line_naming_the_flag(flags, message, tmp_path, capsys):
+    code = main(["train", "example:calculator", "--path", str(tmp_path), "-q", *flags])
+    err = capsys.readouterr().err
+    assert code == 1 and message in err, err
+    assert "validation error" not in err and "pydantic" not in err
+    assert not (tmp_path / "calculator").exists()  # nothing written
+
+
+def test_threads_come_from_the_flag_or_the_environment(monkeypatch):
+    import torch
+
+    from mcprl.cli import _set_threads
+
+    before = torch.get_num_threads()
+    try:
+        _set_threads(_parser().parse_args(["serve", "--threads", "1"]))
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv("MCPRL_THREADS", "many")
+        with pytest.raises(ValueError, match="MCPRL_THREADS='many': must be a whole number"):
+            _set_threads(_parser().parse_args(["serve"]))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_autorl_checks_its_options_before_writing_anything(tmp_path, capsys):
+    code = main(["autorl", "Summarise a paragraph.", "--val-attempts", "1", "--path",
+                 str(tmp_path), "-q"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "error: --val-attempts: " in err and "2 or more" in err
+    assert not list(tmp_path.rglob("*.jsonl"))
+
+
+# -- trackers -------------------------------------------------------------------------------
+
+
+def test_csv_tracker_keeps_columns_aligned_across_a_resume(tmp_path):
+    first = CsvTracker(tmp_path)
+    first.log({"step": 0, "val/success": 0.1, "val/attempts": 8})
+    first.log({"step": 1, "train/reward_mean": 0.4, "note": "text is left out"})
+    resumed = CsvTracker(tmp_path, history=first.rows)  # a resumed run starts from its history
+    resumed.log({"step": 2, "train/reward_mean": 0.5, "val/success": float("nan")})
+    with (tmp_path / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows] == ["0", "1", "2"]
+    assert rows[0]["val/success"] == "0.1" and rows[1]["train/reward_mean"] == "0.4"
+    assert rows[2]["val/success"] == "" and "note" not in rows[0]
+
+
+def test_a_tracker_whose_package_is_missing_is_named_with_its_install(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    with pytest.raises(ValueError, match="--tracker wandb needs the wandb package: pip install"):
+        check_trackers(["csv", "wandb"])
+
+
+def test_wandb_and_tensorboard_trackers_get_every_row_with_its_step(tmp_path, monkeypatch):
+    calls: list[tuple] = []
+
+    class Run:
+        def log(self, data, step):
+            calls.append(("wandb", step, data))
+
+        def finish(self):
+            calls.append(("wandb-finish",))
+
+    fake_wandb = types.SimpleNamespace(init=lambda **kw: calls.append(("init", kw)) or Run())
+
+    class Writer:
+        def __init__(self, log_dir):
+            calls.append(("tb-dir", log_dir))
+
+        def add_scalar(self, key, value, global_step):
+            calls.append(("tb", global_step, key, value))
+
+        def flush(self):
+            pass
+
+        def close(self):
+            calls.append(("tb-close",))
+
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb)
+    monkeypatch.setitem(
+        sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=Writer)
+    )
+    monkeypatch.setattr("mcprl.trackers.check_trackers", lambda names: None)
+    trackers = open_trackers(["tensorboard", "wandb"], tmp_path, name="calc/agent", config={})
+    for t in trackers:
+        t.log({"step": 3, "train/loss": 0.5, "train/skipped_update": False})
+        t.close()
+    init = next(c for c in calls if c[0] == "init")[1]
+    assert init["project"] == "mcprl-calc" and init["resume"] == "allow"
+    assert ("wandb", 3, {"train/loss": 0.5}) in calls
+    assert ("tb", 3, "train/loss", 0.5) in calls
+    assert ("tb-dir", str(tmp_path / "tensorboard")) in calls
+    assert ("tb-close",) in calls and ("wandb-finish",) in calls
+
+
+# -- what a step and a run say ----------------------------------------------------------------
+
+
+def _group(*rewards: float) -> TrajectoryGroup:
+    return TrajectoryGroup(trajectories=[Trajectory(reward=r) for r in rewards])
+
+
+def test_a_step_whose_attempts_all_score_alike_gets_a_warning():
+    assert _alike_warning([_group(0.2, 0.7), _group(0.2, 0.2)], "reference") is None
+    judge = _alike_warning([_group(1.0, 1.0), _group(1.0, 1.0)], "ruler")
+    assert judge and "the judge gave every attempt of this step the same score (1.00)" in judge
+    ties = _alike_warning([_group(0.0, 0.0)], "reference")
+    assert ties and "every attempt of this step scored 0.00" in ties
+
+
+def test_the_summary_says_how_many_steps_updated_the_model(capsys):
+    summary = RunSummary(project="calc", name="agent", run_dir="r", reward="reference",
+                         judge=None, first_step=0, last_step=3, target_steps=3,
+                         steps_without_update=1)  # fmt: skip
+    print_summary(summary, "mcprl train example:calculator")
+    out = capsys.readouterr().out
+    assert "2 of 3 steps updated the model; in 1 every group's rewards tied" in out
+
+
+@pytest.mark.anyio
+async def test_the_attempts_bar_moves_per_turn(capsys):
+    async def attempt() -> Trajectory:
+        for _ in range(3):
+            note_turn(10)  # what `rollout` reports after each model reply
+        return Trajectory(reward=0.5)
+
+    groups = await gather_groups([[attempt, attempt]], desc="rollouts", progress=True)
+    assert len(groups[0].trajectories) == 2
+    err = capsys.readouterr().err
+    assert "1 turn, " in err and "6 turns" in err and "tok/s" in err  # before any attempt ends
+    assert "0/2 attempts" in err
+    note_turn(5)  # outside a gather: nothing to update, no error
