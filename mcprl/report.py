@@ -342,6 +342,10 @@ def _clip(text: str, limit: int = 1500) -> str:
 
 
 def _stop_reason(t: Trajectory) -> str:
+    if not t.tools:  # a single reply, without tools (AutoRL): "completed" means it ended itself
+        if t.choices and t.choices[-1].finish_reason == "length":
+            return "the reply was cut at the token limit"
+        return "the reply ended on its own"
     if t.metrics.get("completed"):
         return "called complete_task"
     if t.metrics.get("hit_context_limit"):
