@@ -36,7 +36,7 @@ from mcprl import __version__
 from mcprl._defaults import configured_llm
 from mcprl.errors import MCPRLError
 from mcprl.mcp import ServerInfo, inspect_server
-from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_scenarios
+from mcprl.scenarios import ScenarioSet, build_grounded, generate_scenarios
 from ruler import RulerError
 
 SERVER_HELP = (
@@ -110,7 +110,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     async def run() -> ScenarioSet:
         info = await inspect_server(args.server, startup_timeout=args.timeout)
         if generator is None:
-            return await grounded_scenarios(args.server, n=args.n, seed=args.seed, info=info)
+            return await _grounded(args.server, args.n, args.seed, info, args.allow_writes)
         return await generate_scenarios(
             info.tools,
             info.resources,
@@ -132,6 +132,20 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
         answer = f"  → {s.reference.answer}" if s.reference and s.reference.answer else ""
         print(f"  [{s.difficulty}] {text}{answer}")
     return 0
+
+
+async def _grounded(
+    server: str, n: int, seed: int, info: ServerInfo, allow_writes: bool
+) -> ScenarioSet:
+    """Grounded generation with a progress bar, saying what was turned down and why."""
+    scenarios, report = await build_grounded(
+        server, n, seed=seed, info=info, allow_writes=allow_writes, progress=True
+    )
+    if report.skipped_tools or report.built < n or report.rejected:
+        _say(f"  {report.describe()}")
+    if report.built < n:
+        _say(f"  warning: kept the {report.built} scenarios built, fewer than the {n} asked")
+    return scenarios
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -583,7 +597,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         else:
             _say(f"  no LLM configured: building {args.n} grounded scenarios on the server …")
-            made = await grounded_scenarios(args.server, n=args.n, seed=config.seed, info=info)
+            made = await _grounded(args.server, args.n, config.seed, info, args.allow_writes)
         return made.with_split(0.25, seed=config.seed)
 
     with _backend(args) as backend:
@@ -724,6 +738,12 @@ def _parser() -> argparse.ArgumentParser:
     how.add_argument("--generator", help="LiteLLM model that writes tasks (e.g. openai/gpt-4.1)")
     how.add_argument("--grounded", action="store_true", help="build tasks from schemas, no LLM")
     s.add_argument("--api-base", help="base URL of the generator's OpenAI-compatible endpoint")
+    s.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="let --grounded call tools that may change the server's data (by default only "
+        "tools that read are called); use it against a disposable copy of the data",
+    )
     s.add_argument("--instructions", help="extra guidance for the LLM generator")
     s.add_argument("--seed", type=int, default=0, help="(default 0)")
     s.add_argument(
@@ -747,6 +767,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     tr.add_argument("-n", type=int, default=24, help="scenarios to generate (default 24)")
     tr.add_argument("--generator", help="LiteLLM model that writes scenarios")
+    tr.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="when scenarios are built on the server, also call tools that may change its "
+        "data (by default only tools that read)",
+    )
     _add_run_options(tr)
     tr.set_defaults(func=cmd_train)
 

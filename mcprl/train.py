@@ -46,7 +46,7 @@ from mcprl.evaluate import (
     score_groups,
     summarize,
 )
-from mcprl.mcp import ServerInfo, inspect_server
+from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel
 from mcprl.rewards import ReferenceReward, scorer
 from mcprl.rollout import RolloutConfig
@@ -200,6 +200,13 @@ class TrainingRun:
         if self.server is not None:
             self.info = await inspect_server(self.server)
             self.say(f"✓ server {self.info.name}: {len(self.info.tools)} tools")
+            writers = writing_tools(self.info.tools)
+            if writers:
+                self.say(
+                    f"  note: {len(writers)} of its tools may change the server's data "
+                    f"({', '.join(t.name for t in writers)}), and the agent may call them while "
+                    "it practises: train against a disposable copy of the server's data"
+                )
         self.scenarios = await self._resolve_scenarios(scenarios, make_scenarios)
         self.reward = self._resolve_reward()
         self.model.register(self.backend)

@@ -207,7 +207,7 @@ async def test_grounded_scenarios_carry_true_references(name):
 
 async def test_grounded_scenarios_on_a_stateful_server_replay_from_a_fresh_session():
     spec = f"python {EXAMPLES / 'notes.py'}"
-    scenarios = await grounded_scenarios(spec, n=5, seed=1, chain_fraction=1.0)
+    scenarios = await grounded_scenarios(spec, n=5, seed=1, chain_fraction=1.0, allow_writes=True)
     for s in scenarios:
         await _replay(spec, s)
 

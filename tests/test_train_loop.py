@@ -147,3 +147,13 @@ async def test_groups_are_judged_concurrently_and_kept_in_order():
     with anyio.fail_after(5):
         out = await score_groups(groups, score, progress=False)
     assert [g.scenario_id for g in out] == ["a", "c"]
+
+
+@pytest.mark.anyio
+async def test_a_server_with_writing_tools_is_named_before_training(tmp_path):
+    said: list[str] = []
+    run = TrainingRun(RunConfig(), "example:notes", NoModelBackend(tmp_path), say=said.append)
+    with pytest.raises(PreflightError):  # no scenarios given: stops after the server check
+        await run.prepare()
+    note = next(line for line in said if "may change the server's data" in line)
+    assert "(create_note, update_note, delete_note)" in note and "disposable copy" in note

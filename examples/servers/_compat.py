@@ -22,9 +22,27 @@ except ImportError:  # mcp 1.x
 
     MCP_MAJOR = 1
 
+from mcp.types import ToolAnnotations
+
+# What each tool does to the server's data, as MCP tool annotations: clients (mcprl's scenario
+# generator among them) call only READS tools on a user's server unless told they may write.
+READS = ToolAnnotations(readOnlyHint=True)
+WRITES = ToolAnnotations(readOnlyHint=False, destructiveHint=False)
+DELETES = ToolAnnotations(readOnlyHint=False, destructiveHint=True)
+
 # Tools raise ToolError for mistakes the agent should read: the 2.x SDK shows the message of a
 # ToolError to the client and hides the text of any other exception.
-__all__ = ["MCP_MAJOR", "Context", "ToolError", "make_server", "serve", "session_key"]
+__all__ = [
+    "DELETES",
+    "MCP_MAJOR",
+    "READS",
+    "WRITES",
+    "Context",
+    "ToolError",
+    "make_server",
+    "serve",
+    "session_key",
+]
 
 
 def make_server(name: str, instructions: str) -> Any:

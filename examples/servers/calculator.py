@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _compat import ToolError, make_server, serve
+from _compat import READS, ToolError, make_server, serve
 
 server = make_server(
     "calculator",
@@ -36,25 +36,25 @@ def _num(x: float) -> float:
     return int(r) if r.is_integer() and abs(r) < 2**53 else r
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def add(a: float, b: float) -> float:
     """Add two numbers: a + b."""
     return _num(a + b)
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def subtract(a: float, b: float) -> float:
     """Subtract b from a: a - b."""
     return _num(a - b)
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def multiply(a: float, b: float) -> float:
     """Multiply two numbers: a * b."""
     return _num(a * b)
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def divide(a: float, b: float) -> float:
     """Divide a by b: a / b. b must not be zero."""
     if b == 0:
@@ -62,7 +62,7 @@ def divide(a: float, b: float) -> float:
     return _num(a / b)
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def power(base: float, exponent: float) -> float:
     """Raise base to the power exponent: base ** exponent."""
     try:
@@ -71,7 +71,7 @@ def power(base: float, exponent: float) -> float:
         raise ToolError(f"cannot compute {base} ** {exponent}: {exc}") from None
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def root(x: float, n: int = 2) -> float:
     """The n-th root of x (square root by default). Odd roots of negative numbers are allowed."""
     if n == 0:
@@ -85,7 +85,7 @@ def root(x: float, n: int = 2) -> float:
     return _num(value)
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def convert_units(value: float, from_unit: Unit, to_unit: Unit) -> float:
     """Convert a value between units of length (m, km, cm, mm, mile, ft, inch), mass (kg, g, lb,
     oz) or temperature (C, F, K)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _compat import ToolError, make_server, serve
+from _compat import READS, ToolError, make_server, serve
 
 _BOOKS = json.loads((Path(__file__).parent / "data" / "books.json").read_text("utf-8"))["books"]
 _BY_ID = {b["id"]: b for b in _BOOKS}
@@ -43,7 +43,7 @@ def _brief(book: dict) -> dict:
     return {"id": book["id"], "title": book["title"], "author": book["author"]}
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def search_books(query: str, limit: int = 10) -> dict:
     """Find books whose title or author contains every word of the query (case-insensitive).
     Returns ids, titles and authors."""
@@ -56,7 +56,7 @@ def search_books(query: str, limit: int = 10) -> dict:
     return {"count": len(hits), "books": [_brief(b) for b in hits[:limit]]}
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def get_book(book_id: str) -> dict:
     """All details of one book: title, author, year, genre, pages, price (USD), rating (0-5) and
     copies in stock."""
@@ -66,7 +66,7 @@ def get_book(book_id: str) -> dict:
     return book
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def filter_books(
     genre: Genre | None = None,
     min_year: int | None = None,
@@ -89,7 +89,7 @@ def filter_books(
     return {"count": len(hits), "books": [_brief(b) for b in hits]}
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def aggregate(book_ids: list[str], field: Field, op: Literal["sum", "mean", "min", "max"]) -> dict:
     """Compute sum, mean, min or max of a numeric field over the given books."""
     if not book_ids:
@@ -102,7 +102,7 @@ def aggregate(book_ids: list[str], field: Field, op: Literal["sum", "mean", "min
     return {"op": op, "field": field, "books": len(values), "value": round(fn(values), 2)}
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def list_genres() -> dict:
     """Every genre in the catalog with its number of books."""
     counts: dict[str, int] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _compat import Context, ToolError, make_server, serve, session_key
+from _compat import DELETES, READS, WRITES, Context, ToolError, make_server, serve, session_key
 
 server = make_server(
     "notes",
@@ -39,7 +39,7 @@ def _summary(note: dict[str, Any]) -> dict[str, Any]:
     return {"id": note["id"], "title": note["title"], "tags": note["tags"]}
 
 
-@server.tool()
+@server.tool(annotations=WRITES)
 def create_note(title: str, body: str, ctx: Context, tags: list[str] | None = None) -> dict:
     """Create a note and return it with its new id."""
     if not title.strip():
@@ -56,7 +56,7 @@ def create_note(title: str, body: str, ctx: Context, tags: list[str] | None = No
     return note
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def list_notes(ctx: Context, tag: str | None = None) -> dict:
     """List notes (id, title, tags), oldest first, optionally only those with a tag."""
     notes = list(_book(ctx)["notes"].values())
@@ -65,7 +65,7 @@ def list_notes(ctx: Context, tag: str | None = None) -> dict:
     return {"count": len(notes), "notes": [_summary(n) for n in notes]}
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def search_notes(query: str, ctx: Context) -> dict:
     """Find notes whose title or body contains every word of the query (case-insensitive)."""
     words = query.lower().split()
@@ -79,13 +79,13 @@ def search_notes(query: str, ctx: Context) -> dict:
     return {"count": len(hits), "notes": [_summary(n) for n in hits]}
 
 
-@server.tool()
+@server.tool(annotations=READS)
 def get_note(note_id: int, ctx: Context) -> dict:
     """Return one note with its body."""
     return _get(ctx, note_id)
 
 
-@server.tool()
+@server.tool(annotations=WRITES)
 def update_note(
     note_id: int,
     ctx: Context,
@@ -106,7 +106,7 @@ def update_note(
     return note
 
 
-@server.tool()
+@server.tool(annotations=DELETES)
 def delete_note(note_id: int, ctx: Context) -> dict:
     """Delete a note. Returns the id deleted and how many notes remain."""
     _get(ctx, note_id)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from mcprl.mcp._inspect import ResourceInfo, ServerInfo, ToolInfo, inspect_server, openai_tools
 from mcprl.mcp._results import ToolResult
+from mcprl.mcp._safety import looks_like_error, tool_access, writing_tools
 from mcprl.mcp._session import MCPSession, open_session
 from mcprl.mcp._spec import EXAMPLE_SERVERS, ServerSpec, example_server_path, load_mcp_config
 
@@ -21,6 +22,9 @@ __all__ = [
     "example_server_path",
     "inspect_server",
     "load_mcp_config",
+    "looks_like_error",
     "open_session",
     "openai_tools",
+    "tool_access",
+    "writing_tools",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from mcprl.errors import MCPServerError
 from mcprl.mcp._session import open_session
@@ -17,6 +17,8 @@ class ToolInfo(BaseModel):
     name: str
     description: str = ""
     input_schema: dict[str, Any]
+    # MCP tool annotations as the server sent them (readOnlyHint, destructiveHint, ...)
+    annotations: dict[str, Any] = Field(default_factory=dict)
 
 
 class ResourceInfo(BaseModel):
@@ -55,6 +57,7 @@ async def inspect_server(
                 name=t.name,
                 description=t.description or "",
                 input_schema=dict(t.input_schema or {"type": "object", "properties": {}}),
+                annotations=_annotations(t),
             )
             for t in await session.list_tools()
         ]
@@ -81,6 +84,13 @@ async def inspect_server(
             tools=tools,
             resources=resources,
         )
+
+
+def _annotations(tool: Any) -> dict[str, Any]:
+    notes = getattr(tool, "annotations", None)
+    if notes is None:
+        return {}
+    return notes.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 def openai_tools(tools: list[ToolInfo]) -> list[dict[str, Any]]:

@@ -259,6 +259,19 @@ def _reason(exc: BaseException) -> str:
     return f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
 
 
+_HTTP_REASONS = {
+    "Bad Request": 400,
+    "Unauthorized": 401,
+    "Forbidden": 403,
+    "Not Found": 404,
+    "Method Not Allowed": 405,
+    "Not Acceptable": 406,
+    "Internal Server Error": 500,
+    "Bad Gateway": 502,
+    "Service Unavailable": 503,
+}
+
+
 def _start_error(
     spec: ServerSpec, exc: BaseException, stderr: Any, junk: list[str], timeout: float
 ) -> MCPServerStartError:
@@ -283,6 +296,14 @@ def _start_error(
         cause = f"nothing is listening at {spec.url} ({leaf})"
     elif isinstance(leaf, httpx2.HTTPStatusError):
         cause = f"it answered HTTP {leaf.response.status_code} at {spec.url}"
+    elif spec.transport != "stdio" and isinstance(leaf, MCPError) and leaf.message in _HTTP_REASONS:
+        # the SDK turns an HTTP error status into an MCP error carrying only the reason phrase
+        cause = f"{spec.url} answered HTTP {_HTTP_REASONS[leaf.message]} ({leaf.message})"
+        if leaf.message == "Not Found":
+            cause += (
+                ": no MCP endpoint at this path; streamable HTTP servers usually serve /mcp, "
+                "SSE servers /sse"
+            )
     else:
         cause = _reason(leaf)
     return MCPServerStartError(

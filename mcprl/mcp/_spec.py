@@ -3,13 +3,15 @@
 - `http://…` or `https://…`: streamable HTTP; a URL whose path ends in `/sse`: SSE.
 - `example:calculator`: one of the example servers shipped with mcprl, over stdio.
 - `servers.json` or `servers.json#name`: an MCP client config file (`{"mcpServers": {…}}`).
-- anything else: a command line, run as a subprocess speaking MCP over stdio.
+- anything else: a command line, run as a subprocess speaking MCP over stdio; leading
+  `KEY=VALUE` words set the server's environment (`"ALLOWED_DIR=/tmp/x npx -y server"`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ from mcprl.errors import ServerSpecError
 __all__ = ["EXAMPLE_SERVERS", "ServerSpec", "example_server_path", "load_mcp_config"]
 
 EXAMPLE_SERVERS = ("calculator", "notes", "catalog")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
 class ServerSpec(BaseModel):
@@ -59,7 +62,20 @@ class ServerSpec(BaseModel):
             argv = tuple(shlex.split(text))
         except ValueError as exc:
             raise ServerSpecError(f"cannot parse the command {text!r}: {exc}") from exc
-        return cls(transport="stdio", name=Path(argv[0]).name, command=argv, env=env)
+        # `KEY=VALUE … command args`, as in a shell: the server's environment (the SDK starts a
+        # stdio server with a minimal environment, so variables of mcprl's own do not reach it)
+        assigned: dict[str, str] = {}
+        while argv and _ASSIGNMENT.match(argv[0]):
+            key, _, value = argv[0].partition("=")
+            assigned[key] = value
+            argv = argv[1:]
+        if not argv:
+            raise ServerSpecError(
+                f"{text!r} sets environment variables but names no command to run; "
+                "write them before the command: 'KEY=VALUE command args'"
+            )
+        merged = {**(env or {}), **assigned} or None
+        return cls(transport="stdio", name=Path(argv[0]).name, command=argv, env=merged)
 
     def describe(self) -> str:
         if self.transport == "stdio":

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from mcprl.scenarios._dedupe import Deduper, normalize
-from mcprl.scenarios._grounded import grounded_scenarios
+from mcprl.scenarios._grounded import GenerationReport, build_grounded, grounded_scenarios
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
 from mcprl.scenarios._types import (
     Reference,
@@ -21,10 +21,12 @@ from mcprl.scenarios._types import (
 __all__ = [
     "SCENARIOS_SCHEMA",
     "Deduper",
+    "GenerationReport",
     "Reference",
     "ReferenceCall",
     "Scenario",
     "ScenarioSet",
+    "build_grounded",
     "bundled_scenarios",
     "generate_scenarios",
     "grounded_scenarios",

@@ -15,16 +15,19 @@ import hashlib
 import json
 import logging
 import random
-from dataclasses import dataclass
+import time
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcprl.errors import ScenarioGenerationError
 from mcprl.mcp import ServerInfo, ToolInfo, inspect_server, open_session
+from mcprl.mcp._safety import looks_like_error, tool_access
 from mcprl.scenarios._dedupe import Deduper
 from mcprl.scenarios._sampling import SchemaSampler, ValuePool, _is_id_name, harvest
 from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
 
-__all__ = ["grounded_scenarios"]
+__all__ = ["GenerationReport", "build_grounded", "grounded_scenarios"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,33 @@ class _Link:
     param: str
     value: Any
     phrase: str
+
+
+@dataclass
+class GenerationReport:
+    """What grounded generation did: what it built, and what it turned down and why."""
+
+    asked: int
+    built: int = 0
+    attempts: int = 0
+    seconds: float = 0.0
+    first_calls_failed: int = 0
+    rejected: Counter = field(default_factory=Counter)  # reason -> candidates
+    skipped_tools: list[str] = field(default_factory=list)  # writing tools left uncalled
+    last_error: str | None = None
+
+    def describe(self) -> str:
+        parts = [f"built {self.built} of {self.asked} scenarios in {self.attempts} attempts"]
+        if self.first_calls_failed:
+            parts.append(f"{self.first_calls_failed} first calls failed")
+        parts += [f"{n} rejected: {why}" for why, n in self.rejected.most_common()]
+        text = "; ".join(parts)
+        if self.skipped_tools:
+            text += (
+                f". Not called, as they may change the server's data: "
+                f"{', '.join(self.skipped_tools)} (--allow-writes calls them)"
+            )
+        return text
 
 
 def _links(result: Any, tool: ToolInfo) -> list[_Link]:
@@ -178,23 +208,32 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _failed(result: Any) -> bool:
+    """An error, flagged or worded as one: never a reference."""
+    return bool(result.is_error or looks_like_error(result.text))
+
+
 async def _attempt_chain(
     server: Any,
-    info: ServerInfo,
+    tools: list[ToolInfo],
     sampler: SchemaSampler,
     rng: random.Random,
     length: int,
+    report: GenerationReport,
     session_options: dict[str, Any],
 ) -> list[_Step]:
     steps: list[_Step] = []
     async with open_session(server, **session_options) as session:
         # A failed call rarely changes state, so the first step may be retried in this session.
         for _ in range(4):
-            tool = rng.choice(info.tools)
-            args = sampler.arguments(tool.input_schema)
+            tool = rng.choice(tools)
+            args = sampler.arguments(tool.input_schema, description=tool.description)
             result = await session.call_tool(tool.name, args)
-            if not result.is_error:
+            if not _failed(result):
                 break
+            report.last_error = f"{tool.name}({_fmt(args)[:200]}): {result.text[:300]}"
+            if not result.is_error:
+                report.rejected["an error reported as ordinary text"] += 1
         else:
             return []
         sampler.pool.learn(harvest(result.text))
@@ -202,31 +241,47 @@ async def _attempt_chain(
         while len(steps) < length:
             options = [
                 (t, link)
-                for t in info.tools
+                for t in tools
                 if t.name != steps[-1].tool.name
                 for link in _links(steps[-1].result, t)
             ]
             if not options:
                 break
             tool, link = rng.choice(options)
-            args = sampler.arguments(tool.input_schema, fixed={link.param: link.value})
+            args = sampler.arguments(
+                tool.input_schema, fixed={link.param: link.value}, description=tool.description
+            )
             result = await session.call_tool(tool.name, args)
-            if result.is_error:
+            if _failed(result):
+                if not result.is_error:
+                    report.rejected["an error reported as ordinary text"] += 1
                 break
             sampler.pool.learn(harvest(result.text))
             steps.append(_Step(tool, args, result.text, link=(link.param, link.phrase)))
     return steps
 
 
+async def _stable(server: Any, steps: list[_Step], session_options: dict[str, Any]) -> bool:
+    """Whether the calls give the same results again in a fresh session (a reference that
+    holds the current time or a fresh id would mark every later attempt wrong)."""
+    async with open_session(server, **session_options) as session:
+        for step in steps:
+            result = await session.call_tool(step.tool.name, step.arguments)
+            if result.is_error or result.text != step.result_text:
+                return False
+    return True
+
+
 async def _warm_up(
-    server: Any, info: ServerInfo, sampler: SchemaSampler, session_options: dict[str, Any]
+    server: Any, tools: list[ToolInfo], sampler: SchemaSampler, session_options: dict[str, Any]
 ) -> None:
     """Call every tool a few times to learn what values the server deals in."""
     async with open_session(server, **session_options) as session:
         for _ in range(3):
-            for tool in info.tools:
-                result = await session.call_tool(tool.name, sampler.arguments(tool.input_schema))
-                if not result.is_error:
+            for tool in tools:
+                args = sampler.arguments(tool.input_schema, description=tool.description)
+                result = await session.call_tool(tool.name, args)
+                if not _failed(result):
                     sampler.pool.learn(harvest(result.text))
 
 
@@ -245,34 +300,133 @@ async def grounded_scenarios(
     max_steps: int = 3,
     max_attempts: int | None = None,
     info: ServerInfo | None = None,
+    allow_writes: bool = False,
     **session_options: Any,
 ) -> ScenarioSet:
-    """Build `n` distinct scenarios with verified references from a live server."""
+    """Build up to `n` distinct scenarios with verified references from a live server; see
+    `build_grounded` (this returns the scenarios alone, logging what was turned down)."""
+    scenarios, report = await build_grounded(
+        server,
+        n,
+        seed=seed,
+        chain_fraction=chain_fraction,
+        max_steps=max_steps,
+        max_attempts=max_attempts,
+        info=info,
+        allow_writes=allow_writes,
+        **session_options,
+    )
+    if report.built < n:
+        logger.warning("%s", report.describe())
+    return scenarios
+
+
+async def build_grounded(
+    server: Any,
+    n: int = 24,
+    *,
+    seed: int = 0,
+    chain_fraction: float = 0.5,
+    max_steps: int = 3,
+    max_attempts: int | None = None,
+    info: ServerInfo | None = None,
+    allow_writes: bool = False,
+    progress: bool = False,
+    **session_options: Any,
+) -> tuple[ScenarioSet, GenerationReport]:
+    """Build up to `n` distinct scenarios with verified references from a live server.
+
+    Only tools that read (`mcprl.mcp.tool_access`) are called unless `allow_writes`. A result
+    that is an error (flagged, or worded as one) never becomes a reference, and a scenario whose
+    calls give other results in a fresh session (the time, a new id) is dropped. Returns what
+    was built, even when short of `n`, with a report of what was turned down; raises
+    `ScenarioGenerationError` only when nothing could be built.
+    """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
+    started = time.perf_counter()
     info = info or await inspect_server(server, **session_options)
+    report = GenerationReport(asked=n)
+    tools = info.tools
+    if not allow_writes:
+        report.skipped_tools = [t.name for t in tools if tool_access(t)[0] == "write"]
+        tools = [t for t in tools if t.name not in report.skipped_tools]
+        if not tools:
+            names = ", ".join(report.skipped_tools)
+            raise ScenarioGenerationError(
+                f"every tool of {info.name!r} may change its data ({names}), so none was "
+                "called; pass --allow-writes (allow_writes=True) to call them, against a "
+                "disposable copy of the server's data"
+            )
     rng = random.Random(seed)
     sampler = SchemaSampler(rng, ValuePool.from_server(info))
     deduper = Deduper(threshold=0.95)
-    await _warm_up(server, info, sampler, session_options)
+    await _warm_up(server, tools, sampler, session_options)
     out: list[Scenario] = []
     budget = max_attempts if max_attempts is not None else 12 * n
-    failed = 0
-    for _ in range(budget):
-        length = 1 if rng.random() >= chain_fraction else rng.randint(2, max_steps)
-        steps = await _attempt_chain(server, info, sampler, rng, length, session_options)
-        if not steps:
-            failed += 1
-            continue
-        if length > 1 and len(steps) == 1 and rng.random() < 0.5:
-            continue  # a chain that could not continue; keep some as single steps
-        scenario = _render(steps, rng, seed)
-        if _checkable(scenario) and deduper.add(scenario.task):
-            out.append(scenario)
-            if len(out) == n:
-                return ScenarioSet(out)
-    raise ScenarioGenerationError(
-        f"built {len(out)} of {n} distinct scenarios for {info.name!r} in {budget} attempts "
-        f"({failed} first calls failed); the server may need arguments this sampler cannot "
-        "guess: use an LLM generator (--generator) or a smaller -n"
+    give_up = max(24, 2 * n)  # attempts without one working first call: the sampler cannot help
+    since_new = 0  # attempts since the last scenario kept: the server has no new ones to give
+    bar = _bar(n, info.name, progress)
+    try:
+        for _ in range(budget):
+            report.attempts += 1
+            since_new += 1
+            if out and since_new > give_up:
+                break
+            if bar is not None:
+                bar.set_postfix_str(_postfix(report), refresh=True)
+            length = 1 if rng.random() >= chain_fraction else rng.randint(2, max_steps)
+            steps = await _attempt_chain(
+                server, tools, sampler, rng, length, report, session_options
+            )
+            if not steps:
+                report.first_calls_failed += 1
+                if not out and report.first_calls_failed >= give_up:
+                    break
+                continue
+            if length > 1 and len(steps) == 1 and rng.random() < 0.5:
+                continue  # a chain that could not continue; keep some as single steps
+            scenario = _render(steps, rng, seed)
+            if not _checkable(scenario):
+                report.rejected["an answer no one could check"] += 1
+            elif not deduper.add(scenario.task):
+                report.rejected["a duplicate"] += 1
+            elif not await _stable(server, steps, session_options):
+                report.rejected["results that change between sessions (time, random ids)"] += 1
+            else:
+                out.append(scenario)
+                since_new = 0
+                if bar is not None:
+                    bar.update(1)
+                if len(out) == n:
+                    break
+    finally:
+        if bar is not None:
+            bar.close()
+    report.built = len(out)
+    report.seconds = time.perf_counter() - started
+    if not out:
+        example = f" The last failure: {report.last_error}." if report.last_error else ""
+        raise ScenarioGenerationError(
+            f"{report.describe()}.{example} The server may need arguments this sampler cannot "
+            "guess: use an LLM generator (--generator), or write scenarios by hand"
+        )
+    return ScenarioSet(out), report
+
+
+def _bar(n: int, name: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=n,
+        desc=f"scenarios for {name}",
+        leave=False,
+        bar_format="{desc}: {n}/{total} |{bar}| [{elapsed}{postfix}]",
     )
+
+
+def _postfix(report: GenerationReport) -> str:
+    turned_down = sum(report.rejected.values())
+    return f"{report.attempts} tried, {report.first_calls_failed} failed, {turned_down} rejected"

@@ -1,8 +1,10 @@
 """Sampling tool arguments that satisfy a JSON schema, from values the server itself shows.
 
-Strings come from the schema (enums, examples, defaults), the server's resources and
-descriptions, and the results of earlier calls (titles, names, ids); numbers are small "nice"
-values inside the schema's bounds. Optional arguments are usually left out, as a user would.
+Strings come from the schema (enums, examples, defaults, formats such as date-time or email),
+examples quoted in the tool's and the parameter's descriptions ("e.g. 'America/New_York'"), the
+server's resources, and the results of earlier calls (titles, names, ids); numbers are the
+schema's default or small "nice" values inside its bounds. Optional arguments are usually left
+out, as a user would.
 """
 
 from __future__ import annotations
@@ -104,15 +106,79 @@ def harvest(text: str) -> Any:
         return text
 
 
+_QUOTED = re.compile(r"""['"`]([^'"`\n]{1,80})['"`]""")
+_INTRO = re.compile(
+    r"\b(?:e\.\s?g\.|eg\b|for example|for instance|such as|like|examples?:)", re.IGNORECASE
+)
+_SENTENCE_END = re.compile(r"[.;]\s|\n\s*\n")
+
+
+def described_examples(description: str, params: list[str]) -> dict[str, list[str]]:
+    """Example values quoted in a description ("a time-zone name, e.g. 'America/New_York'"),
+    by the parameter named last before them; with one parameter, unattributed ones are its."""
+    events: list[tuple[int, str, str]] = []
+    for name in params:
+        pattern = rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])"
+        events += [(m.start(), "param", name) for m in re.finditer(pattern, description)]
+    for intro in _INTRO.finditer(description):
+        tail = description[intro.end() : intro.end() + 200]
+        end = _SENTENCE_END.search(tail)
+        tail = tail[: end.start() + 1] if end else tail
+        events += [(intro.end() + q.start(), "example", q.group(1)) for q in _QUOTED.finditer(tail)]
+    out: dict[str, list[str]] = {}
+    current: list[str] = []
+    loose: list[str] = []
+    previous = ""
+    for _, kind, value in sorted(events):
+        if kind == "param":
+            current = [*current, value] if previous == "param" else [value]
+        else:
+            for name in current or []:
+                out.setdefault(name, []).append(value)
+            if not current:
+                loose.append(value)
+        previous = kind
+    if loose and len(params) == 1:
+        out.setdefault(params[0], []).extend(loose)
+    return {k: list(dict.fromkeys(v)) for k, v in out.items()}
+
+
+# strings for common JSON-schema formats: well-formed, and the same on every run
+_FORMATS = {
+    "date-time": "2024-06-01T12:00:00Z",
+    "date": "2024-06-01",
+    "time": "12:00:00",
+    "email": "alex@example.com",
+    "uri": "https://example.com/",
+    "url": "https://example.com/",
+    "uuid": "123e4567-e89b-12d3-a456-426614174000",
+    "ipv4": "192.0.2.1",
+    "hostname": "example.com",
+}
+
+
 class SchemaSampler:
     def __init__(self, rng: random.Random, pool: ValuePool, defs: dict[str, Any] | None = None):
         self.rng = rng
         self.pool = pool
         self.defs = defs or {}
+        self.examples: dict[str, list[str]] = {}  # from the tool's description, per parameter
 
-    def arguments(self, schema: dict[str, Any], fixed: dict[str, Any] | None = None) -> dict:
-        """Arguments for a tool's input schema; `fixed` ones are used as given."""
+    def arguments(
+        self, schema: dict[str, Any], fixed: dict[str, Any] | None = None, description: str = ""
+    ) -> dict:
+        """Arguments for a tool's input schema; `fixed` ones are used as given. Examples quoted
+        in the tool's `description` or a parameter's own are preferred for strings."""
         self.defs = schema.get("$defs", schema.get("definitions", {}))
+        props = schema.get("properties") or {}
+        strings = [
+            k for k, v in props.items() if self._resolve(v).get("type", "string") == "string"
+        ]
+        self.examples = described_examples(description, strings) if description else {}
+        for name, prop in props.items():
+            own = described_examples(str(prop.get("description") or ""), [name]).get(name)
+            if own:
+                self.examples[name] = own
         required = set(schema.get("required", []))
         args = dict(fixed or {})
         for name, prop in (schema.get("properties") or {}).items():
@@ -161,6 +227,10 @@ class SchemaSampler:
         return schema
 
     def _number(self, schema: dict[str, Any], name: str, integer: bool) -> float:
+        default = schema.get("default")
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if numeric and self.rng.random() < 0.5:
+            return int(default) if integer else default
         seen = self.pool.observed(name, numeric=True)
         if seen and self.rng.random() < 0.8:
             value = self.rng.choice(seen)
@@ -198,6 +268,10 @@ class SchemaSampler:
             return str(self.rng.choice(self.pool.ids))
         if isinstance(schema.get("default"), str) and schema["default"]:
             return schema["default"]
+        if self.examples.get(name):
+            return self.rng.choice(self.examples[name])
+        if schema.get("format") in _FORMATS:
+            return _FORMATS[schema["format"]]
         seen = [v for v in self.pool.observed(name, numeric=False) if isinstance(v, str)]
         if seen and self.rng.random() < 0.5:
             return self.rng.choice(seen)

@@ -1,0 +1,186 @@
+"""Scenarios from servers built elsewhere: read-only by default, no errors or unstable answers
+kept as references, values taken from descriptions, environment variables in a command line, and
+generation that keeps what it built. The servers in tests/servers imitate the failure kinds seen
+on third-party servers (see each file's docstring)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcprl.errors import MCPServerStartError, ScenarioGenerationError, ServerSpecError
+from mcprl.mcp import ServerSpec, ToolInfo, inspect_server, looks_like_error, tool_access
+from mcprl.scenarios import build_grounded
+from mcprl.scenarios._sampling import described_examples
+from tests.helpers import served
+
+pytestmark = pytest.mark.anyio
+
+SERVERS = Path(__file__).resolve().parent / "servers"
+PY = sys.executable
+
+
+# -- the classifiers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Database error: Parser Error: syntax error at or near "travel"',
+        "Error: Invalid format for time 'weekly groceries': expected HH:MM",
+        "Error: Invalid timezone: 'call the dentist'",
+        "error: no such table: notes",
+        "Traceback (most recent call last):\n  File ...",
+        '{"error": "not found"}',
+        "Could not find a repository at 'reading list'",
+        "Unknown table 'fruits'",
+        "Permission denied: /etc/shadow",
+        "Failed to parse expression '2 +'",
+    ],
+)
+def test_failure_reports_in_ordinary_text_are_recognised(text):
+    assert looks_like_error(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["42", '{"count": 3}', "14:30", "hello", "Error rate for March: 2%", "Errors are rare here",
+     "The invalidation queue is empty", '{"items": [], "error_count": 0}', ""],
+)  # fmt: skip
+def test_ordinary_results_are_not_taken_for_errors(text):
+    assert not looks_like_error(text)
+
+
+def _tool(name: str, annotations: dict | None = None, **props: dict) -> ToolInfo:
+    schema = {"type": "object", "properties": props}
+    return ToolInfo(name=name, input_schema=schema, annotations=annotations or {})
+
+
+@pytest.mark.parametrize(
+    ("tool", "access"),
+    [
+        (_tool("add", {"readOnlyHint": True}), "read"),  # an annotation decides
+        (_tool("list_notes", {"readOnlyHint": False}), "write"),
+        (_tool("get_thing", {"destructiveHint": True}), "write"),
+        (_tool("delete_file"), "write"),
+        (_tool("add_observations"), "write"),
+        (_tool("createEntities"), "write"),
+        (_tool("list_files"), "read"),
+        (_tool("get_current_time"), "read"),
+        (_tool("searchNodes"), "read"),
+        (_tool("read_query", sql={"type": "string"}), "write"),  # runs whatever SQL it is given
+        (_tool("frobnicate"), "write"),  # nothing says it is safe
+    ],
+)
+def test_tools_are_read_only_only_on_evidence(tool, access):
+    assert tool_access(tool)[0] == access
+
+
+def test_examples_quoted_in_descriptions_go_to_their_parameters():
+    text = (
+        "Convert a time.\n\ntime: 24-hour HH:MM, e.g. '14:30'. source_timezone, "
+        "target_timezone: IANA names such as\n'Europe/London' or 'Australia/Sydney'."
+    )
+    found = described_examples(text, ["time", "source_timezone", "target_timezone"])
+    assert found["time"] == ["14:30"]
+    zones = ["Europe/London", "Australia/Sydney"]
+    assert found["source_timezone"] == found["target_timezone"] == zones
+    assert described_examples("A path like `/tmp/data.csv`.", ["path"]) == {
+        "path": ["/tmp/data.csv"]
+    }
+
+
+# -- generation on the test servers ---------------------------------------------------------
+
+
+async def test_writing_tools_are_never_called_without_allow_writes(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    spec = f"SANDBOX_DIR={tmp_path} {PY} {SERVERS / 'files.py'}"  # the variable reaches it
+    scenarios, report = await build_grounded(spec, 3, seed=0)
+    called = {
+        json.loads(line)["tool"] for line in (tmp_path / "calls.log").read_text().splitlines()
+    }
+    assert called <= {"list_files", "read_file"}
+    assert sorted(report.skipped_tools) == ["delete_file", "write_file"]
+    assert "--allow-writes" in report.describe()
+    assert (tmp_path / "a.txt").read_text() == "hello"
+    assert all(s.reference.calls[0].tool in called for s in scenarios)
+
+
+async def test_allow_writes_calls_them(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    spec = f"SANDBOX_DIR={tmp_path} {PY} {SERVERS / 'files.py'}"
+    _, report = await build_grounded(spec, 4, seed=0, allow_writes=True, max_attempts=30)
+    called = {
+        json.loads(line)["tool"] for line in (tmp_path / "calls.log").read_text().splitlines()
+    }
+    assert called & {"write_file", "delete_file"} and not report.skipped_tools
+
+
+async def test_a_server_that_needs_a_variable_says_so_and_starts_with_it(tmp_path):
+    with pytest.raises(MCPServerStartError, match="SANDBOX_DIR is required"):
+        await inspect_server(f"{PY} {SERVERS / 'files.py'}")
+    info = await inspect_server(f"SANDBOX_DIR={tmp_path} {PY} {SERVERS / 'files.py'}")
+    assert info.name == "files"
+    spec = ServerSpec.parse("A=1 B=two=2 python server.py --flag")
+    assert spec.env == {"A": "1", "B": "two=2"} and spec.command == (
+        "python",
+        "server.py",
+        "--flag",
+    )
+    with pytest.raises(ServerSpecError, match="names no command"):
+        ServerSpec.parse("A=1 B=2")
+
+
+async def test_errors_worded_as_text_are_never_references():
+    scenarios, report = await build_grounded(f"{PY} {SERVERS / 'sqlish.py'}", 4, seed=0)
+    assert report.rejected["an error reported as ordinary text"] > 0
+    assert report.skipped_tools == ["query"]  # free-text SQL may write
+    for s in scenarios:
+        assert not any(looks_like_error(c.result or "") for c in s.reference.calls)
+        assert "error" not in (s.reference.answer or "").lower()
+
+
+async def test_answers_that_change_between_sessions_are_dropped_and_described_values_used():
+    scenarios, report = await build_grounded(f"{PY} {SERVERS / 'clock.py'}", 3, seed=0)
+    assert report.rejected["results that change between sessions (time, random ids)"] > 0
+    assert scenarios and all(
+        c.tool == "convert_time" for s in scenarios for c in s.reference.calls
+    )  # the current time is never a reference
+    zones = {"Europe/London", "Australia/Sydney"}
+    for s in scenarios:
+        (call,) = s.reference.calls
+        assert call.arguments["source_timezone"] in zones  # taken from the description
+        assert call.result and ":" in call.result
+
+
+async def test_nothing_built_is_an_error_that_shows_a_failure():
+    with pytest.raises(ScenarioGenerationError) as info:
+        await build_grounded(f"{PY} {SERVERS / 'sqlish.py'}", 2, seed=0, allow_writes=True,
+                             max_attempts=0)  # fmt: skip
+    assert "built 0 of 2" in str(info.value)
+
+
+async def test_a_wrong_http_path_names_the_url_and_the_status():
+    with served("calculator") as url:
+        wrong = url.replace("/mcp", "/nope")
+        with pytest.raises(MCPServerStartError) as info:
+            await inspect_server(wrong)
+    message = str(info.value)
+    assert f"{wrong} answered HTTP 404 (Not Found)" in message and "/mcp" in message
+
+
+def test_scenarios_cli_keeps_a_short_set_and_says_what_it_turned_down(tmp_path, capsys):
+    from mcprl.cli import main
+
+    out = tmp_path / "sql.jsonl"
+    code = main(["scenarios", f"{PY} {SERVERS / 'sqlish.py'}", "-n", "6", "--grounded",
+                 "-o", str(out)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0 and out.is_file()
+    assert "rejected: an error reported as ordinary text" in err
+    assert "warning: kept the" in err and "fewer than the 6 asked" in err
+    assert "Not called, as they may change the server's data: query" in err
