@@ -1,10 +1,33 @@
-"""What every benchmark reports about the machine: its peak matmul rate per dtype."""
+"""What every benchmark shares: the machine's peak matmul rate per dtype, and a checkout of
+another revision of mcprl to compare against."""
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def checkout(rev: str) -> Iterator[Path]:
+    """A temporary git worktree of this repository at `rev` (run it with PYTHONPATH=<tree>)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "rev"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(tree), rev],
+            cwd=ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
 
 
 def peak_gflops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # with --compare, mcprl must come from the worktree on PYTHONPATH: this tree goes last
 sys.path.insert(len(sys.path) if "PYTHONPATH" in os.environ else 0, str(ROOT))
 
-from _machine import peak_gflops  # noqa: E402
+from _machine import checkout, peak_gflops  # noqa: E402
 
 from mcprl.serving import LocalServer, load_model, resolve_model  # noqa: E402
 from mcprl.serving._chat import render_prompt  # noqa: E402
@@ -200,28 +200,19 @@ def agent_workload(dtype: str, device: str, attempts: int, scenarios: int) -> di
 
 def agent_main(args: argparse.Namespace) -> None:
     import json
-    import tempfile
 
     here = agent_workload(args.dtypes[0], args.device, args.attempts, args.scenarios)
     rows = [("this tree", here)]
     if args.compare:
-        with tempfile.TemporaryDirectory() as tmp:
-            tree = Path(tmp) / "rev"
-            subprocess.run(
-                ["git", "worktree", "add", "--detach", str(tree), args.compare],
-                cwd=ROOT, check=True, capture_output=True,
+        with checkout(args.compare) as tree:
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            out = subprocess.run(
+                [sys.executable, __file__, "--agent-json", "--dtypes", args.dtypes[0],
+                 "--device", args.device, "--attempts", str(args.attempts),
+                 "--scenarios", str(args.scenarios)],
+                env=env, check=True, capture_output=True, text=True, cwd=ROOT,
             )  # fmt: skip
-            try:
-                env = {**os.environ, "PYTHONPATH": str(tree)}
-                out = subprocess.run(
-                    [sys.executable, __file__, "--agent-json", "--dtypes", args.dtypes[0],
-                     "--device", args.device, "--attempts", str(args.attempts),
-                     "--scenarios", str(args.scenarios)],
-                    env=env, check=True, capture_output=True, text=True, cwd=ROOT,
-                )  # fmt: skip
-                old = json.loads(out.stdout.strip().splitlines()[-1])
-            finally:
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+            old = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append((f"mcprl at {args.compare}", old))
     print(
         f"agent workload: {args.scenarios} calculator scenarios x {args.attempts} attempts, all "
