@@ -646,7 +646,13 @@ def cmd_autorl(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from mcprl.evaluate import eval_scenarios, evaluate_models, format_table, open_models, save_eval
+    from mcprl.evaluate import (
+        EvalWriter,
+        eval_scenarios,
+        evaluate_models,
+        format_table,
+        open_models,
+    )
     from mcprl.train import RunConfig, local_judge
     from ruler import Judge
 
@@ -660,7 +666,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     config = RunConfig().rollout.model_copy(
         update={k: v for k, v in given.items() if v is not None}
     )
-    _say(f"evaluating {len(args.models)} model(s) on {len(scenarios)} scenarios …")
+    writer = EvalWriter(Path(args.output) if args.output else Path(args.path) / project / "evals")
+    _say(
+        f"evaluating {len(args.models)} model(s) on {len(scenarios)} scenarios into {writer.dir} …"
+    )
     with open_models(
         args.models,
         path=Path(args.path) / project,
@@ -686,15 +695,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 judge=judge,
                 max_concurrency=args.concurrency,
                 progress=not args.quiet,
+                on_model=writer.add,
             )
         )
     table = format_table(rows)
-    out = save_eval(
-        Path(args.output) if args.output else Path(args.path) / project / "evals",
-        rows,
-        groups,
-        table,
-    )
+    out = writer.finish(rows, groups, table)
     print(table)
     print(f"\nsaved to {out}")
     return 0

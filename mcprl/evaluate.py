@@ -40,6 +40,7 @@ from mcprl.types import TrajectoryGroup
 
 __all__ = [
     "EvalRow",
+    "EvalWriter",
     "collect_groups",
     "eval_scenarios",
     "evaluate_models",
@@ -194,8 +195,10 @@ async def evaluate_models(
     reference: ReferenceReward | None = None,
     max_concurrency: int = 8,
     progress: bool = True,
+    on_model: Callable[[EvalRow, list[TrajectoryGroup]], None] | None = None,
 ) -> tuple[list[EvalRow], dict[str, list[TrajectoryGroup]]]:
-    """Evaluate each model on the same scenarios and seeds.
+    """Evaluate each model on the same scenarios and seeds; `on_model(row, groups)` hears of
+    each model as soon as its attempts are done (`EvalWriter` saves them then).
 
     Rewards come from the references where every scenario has one (the answer, with partial
     credit by `reference`'s weights, as `mcprl train` rewards them). With a `judge`, RULER also
@@ -227,7 +230,10 @@ async def evaluate_models(
                     t.metrics.update(parts.metrics())
         all_groups[model.served_name] = groups
         seconds = time.perf_counter() - started
-        rows.append(EvalRow(model=model.served_name, metrics={}, seconds=seconds))
+        row = EvalRow(model=model.served_name, metrics=summarize(groups, by_id), seconds=seconds)
+        rows.append(row)
+        if on_model is not None:
+            on_model(row, groups)
     if judge is not None and len(models) * attempts >= 2:
         await _judge_across(all_groups, judge, progress)
     for row in rows:
@@ -386,6 +392,41 @@ def open_models(
             server.close()
 
 
+class EvalWriter:
+    """An evaluation's results, written as they come into a new directory under `out_dir`:
+    each model's attempts and the table so far as soon as that model is done (a stopped
+    evaluation keeps what it finished), the final table at the end."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.dir = out_dir / datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rows: list[EvalRow] = []
+
+    def add(self, row: EvalRow, groups: list[TrajectoryGroup]) -> None:
+        self._groups(row.model, groups)
+        self.rows.append(row)
+        self._tables(self.rows, format_table(self.rows) + "\n\n(in progress)")
+
+    def finish(
+        self, rows: Sequence[EvalRow], groups: dict[str, list[TrajectoryGroup]], table: str
+    ) -> Path:
+        for name, model_groups in groups.items():
+            self._groups(name, model_groups)  # with the judge's scores, where one ran
+        self._tables(rows, table)
+        return self.dir
+
+    def _groups(self, name: str, groups: list[TrajectoryGroup]) -> None:
+        from mcprl.types import write_groups
+
+        write_groups(self.dir / f"{re.sub(r'[^A-Za-z0-9._@-]+', '_', name)}.jsonl", groups)
+
+    def _tables(self, rows: Sequence[EvalRow], table: str) -> None:
+        (self.dir / "table.md").write_text(table + "\n", encoding="utf-8")
+        (self.dir / "results.json").write_text(
+            json.dumps([r.model_dump() for r in rows], indent=2), encoding="utf-8"
+        )
+
+
 def save_eval(
     out_dir: Path,
     rows: Sequence[EvalRow],
@@ -393,14 +434,4 @@ def save_eval(
     table: str,
 ) -> Path:
     """Write the table, the rows as JSON and each model's attempts into a new directory."""
-    from mcprl.types import write_groups
-
-    target = out_dir / datetime.now().strftime("%Y%m%d-%H%M%S")
-    target.mkdir(parents=True, exist_ok=True)
-    (target / "table.md").write_text(table + "\n", encoding="utf-8")
-    (target / "results.json").write_text(
-        json.dumps([r.model_dump() for r in rows], indent=2), encoding="utf-8"
-    )
-    for name, model_groups in groups.items():
-        write_groups(target / f"{re.sub(r'[^A-Za-z0-9._@-]+', '_', name)}.jsonl", model_groups)
-    return target
+    return EvalWriter(out_dir).finish(rows, groups, table)

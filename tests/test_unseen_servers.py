@@ -184,3 +184,17 @@ def test_scenarios_cli_keeps_a_short_set_and_says_what_it_turned_down(tmp_path, 
     assert "rejected: an error reported as ordinary text" in err
     assert "warning: kept the" in err and "fewer than the 6 asked" in err
     assert "Not called, as they may change the server's data: query" in err
+
+
+def test_an_evaluation_keeps_each_model_as_soon_as_it_is_done(tmp_path):
+    from mcprl.evaluate import EvalRow, EvalWriter
+    from mcprl.types import Trajectory, TrajectoryGroup
+
+    writer = EvalWriter(tmp_path)
+    group = TrajectoryGroup(scenario_id="s1", trajectories=[Trajectory(reward=1.0)])
+    writer.add(EvalRow(model="agent@3", metrics={"success": 0.5}, seconds=2.0), [group])
+    # a run stopped here (Ctrl-C, a crash in the next model) has kept the first model
+    assert "| agent@3 | 50%" in (writer.dir / "table.md").read_text()
+    assert "(in progress)" in (writer.dir / "table.md").read_text()
+    assert json.loads((writer.dir / "results.json").read_text())[0]["model"] == "agent@3"
+    assert (writer.dir / "agent@3.jsonl").is_file()
