@@ -291,31 +291,9 @@ def _checkable(scenario: Scenario) -> bool:
     return answer is None or not _is_number(answer) or abs(float(answer)) < 1e9
 
 
-async def grounded_scenarios(
-    server: Any,
-    n: int = 24,
-    *,
-    seed: int = 0,
-    chain_fraction: float = 0.5,
-    max_steps: int = 3,
-    max_attempts: int | None = None,
-    info: ServerInfo | None = None,
-    allow_writes: bool = False,
-    **session_options: Any,
-) -> ScenarioSet:
-    """Build up to `n` distinct scenarios with verified references from a live server; see
-    `build_grounded` (this returns the scenarios alone, logging what was turned down)."""
-    scenarios, report = await build_grounded(
-        server,
-        n,
-        seed=seed,
-        chain_fraction=chain_fraction,
-        max_steps=max_steps,
-        max_attempts=max_attempts,
-        info=info,
-        allow_writes=allow_writes,
-        **session_options,
-    )
+async def grounded_scenarios(server: Any, n: int = 24, **options: Any) -> ScenarioSet:
+    """The scenarios of `build_grounded` (same options), with what was turned down logged."""
+    scenarios, report = await build_grounded(server, n, **options)
     if report.built < n:
         logger.warning("%s", report.describe())
     return scenarios
