@@ -273,6 +273,10 @@ def test_text_parts_are_joined_and_structured_content_is_not_repeated():
     assert tool_result(_result(*two)).text == "first\nsecond"
     only_structured = tool_result(_result(structured={"rows": [1, 2]}))
     assert only_structured.text == '{"rows": [1, 2]}'
+    # a returned list: one text part per item, and the list again as {"result": [...]}
+    items = [mcp_types.TextContent(type="text", text=json.dumps({"id": i})) for i in (1, 2)]
+    listed = tool_result(_result(*items, structured={"result": [{"id": 1}, {"id": 2}]}))
+    assert listed.text == '{"id": 1}\n{"id": 2}'
 
 
 def test_binary_parts_become_placeholders():

@@ -47,6 +47,14 @@ def _part_text(part: Any) -> str:
     return f"[{kind or type(part).__name__} content]"
 
 
+def _parts_as_json(text: str) -> list[Any] | None:
+    """Each line of `text` as JSON (SDKs send a returned list as one text part per item)."""
+    try:
+        return [json.loads(line) for line in text.split("\n") if line.strip()]
+    except (json.JSONDecodeError, TypeError):
+        return None
+
+
 def _says_the_same(text: str, structured: Any) -> bool:
     wrapped = isinstance(structured, dict) and list(structured) == ["result"]
     if wrapped and text == str(structured["result"]):
@@ -54,7 +62,9 @@ def _says_the_same(text: str, structured: Any) -> bool:
     try:
         parsed = json.loads(text)
     except (json.JSONDecodeError, TypeError):
-        return False
+        items = _parts_as_json(text)
+        inner = structured["result"] if wrapped else structured
+        return items is not None and isinstance(inner, list) and items == inner
     if parsed == structured:
         return True
     # SDKs wrap a plain return value as {"result": value} in structured content.
