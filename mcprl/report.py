@@ -342,7 +342,8 @@ def _clip(text: str, limit: int = 1500) -> str:
 
 
 def _stop_reason(t: Trajectory) -> str:
-    if not t.tools:  # a single reply, without tools (AutoRL): "completed" means it ended itself
+    calls = any(m.get("tool_calls") for m in t.messages)
+    if not t.tools and not calls:  # one reply, no tools (AutoRL): "completed" = it ended itself
         if t.choices and t.choices[-1].finish_reason == "length":
             return "the reply was cut at the token limit"
         return "the reply ended on its own"

@@ -158,3 +158,19 @@ def test_report_renders_in_headless_chromium(run_dir: Path, tmp_path: Path):
     colours = {tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}
     assert len(colours) > 50, len(colours)
     json.dumps(str(shot))
+
+
+def test_a_single_reply_without_tools_is_described_as_such():
+    from mcprl.report import _stop_reason
+    from mcprl.types import Choice
+
+    reply = Trajectory(
+        messages=[
+            {"role": "user", "content": "Summarise."},
+            {"role": "assistant", "content": "ok"},
+        ],
+        metrics={"completed": 1.0},
+    )
+    assert _stop_reason(reply) == "the reply ended on its own"  # never "called complete_task"
+    reply.choices = [Choice(message_index=1, finish_reason="length")]
+    assert _stop_reason(reply) == "the reply was cut at the token limit"
