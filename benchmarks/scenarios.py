@@ -43,13 +43,17 @@ TESTS = ROOT / "tests" / "servers"
 
 
 def servers(sandbox: Path) -> dict[str, str]:
+    # the files server gets its variable from a config file, which every revision reads
+    config = sandbox.parent / "files.json"
+    entry = {"command": PY, "args": [str(TESTS / "files.py")], "env": {"SANDBOX_DIR": str(sandbox)}}
+    config.write_text(json.dumps({"mcpServers": {"files": entry}}))
     return {
         "calculator": "example:calculator",
         "catalog": "example:catalog",
         "notes": "example:notes",
         "clock (time zones)": f"{PY} {TESTS / 'clock.py'}",
         "sqlish (SQL, errors as text)": f"{PY} {TESTS / 'sqlish.py'}",
-        "files (writes, env variable)": f"SANDBOX_DIR={sandbox} {PY} {TESTS / 'files.py'}",
+        "files (writes, env variable)": str(config),
     }
 
 
@@ -57,14 +61,14 @@ def generate(server: str, n: int, out: Path) -> dict:
     """Run in the revision under test: build scenarios, save them, report the time."""
     import anyio
 
-    from mcprl.errors import ScenarioGenerationError
+    from mcprl.errors import MCPRLError
     from mcprl.scenarios import ScenarioSet, grounded_scenarios
 
     started = time.perf_counter()
     error = None
     try:
         scenarios = anyio.run(lambda: grounded_scenarios(server, n=n, seed=0))
-    except ScenarioGenerationError as exc:
+    except MCPRLError as exc:  # a failed run builds nothing; its message is kept
         scenarios, error = ScenarioSet(), str(exc)
     scenarios.save(out)
     return {"seconds": time.perf_counter() - started, "error": error}
@@ -86,7 +90,7 @@ async def measure(server: str, path: Path, sandbox: Path) -> dict:
     logged = [json.loads(x)["tool"] for x in log.read_text().splitlines()] if log.exists() else []
     info = await inspect_server(server)
     writers = {t.name for t in info.tools if tool_access(t)[0] == "write"}
-    if "SANDBOX_DIR" in server:
+    if server.endswith("files.json"):
         writes = sum(1 for tool in logged if tool in writers)
     else:
         writes = sum(1 for s in scenarios for c in s.reference.calls if c.tool in writers)
