@@ -19,9 +19,10 @@ Two defaults make the loop finishable by a small model (`RolloutConfig`, both sw
   turn per call plus one to answer (capped by `max_turns`), so a one-call task ends right after
   its call instead of inviting a wrong second one; other scenarios get `max_turns`.
 
-Works against any OpenAI-compatible endpoint. Where the endpoint returns token ids (mcprl's
-server, vLLM with `return_token_ids`), the trajectory is trainable; otherwise it is still valid
-for evaluation and `trajectory.trainable` is False.
+Works against any OpenAI-compatible endpoint. A `TrainableModel`'s endpoint is asked for token
+ids and log-probabilities in vLLM's request fields, which mcprl's server answers too, and the
+reply is read in either dialect (`mcprl.tokens`): the trajectory is then trainable. Elsewhere it
+is still valid for evaluation, and `trajectory.trainable` is False.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from pydantic import BaseModel, Field
 from mcprl.gather import note_turn
 from mcprl.mcp import ToolInfo, open_session, openai_tools
 from mcprl.scenarios import Scenario
-from mcprl.types import Choice, Trajectory
+from mcprl.tokens import TOKEN_REQUEST, read_choice
+from mcprl.types import Trajectory
 
 __all__ = [
     "COMPLETE_TASK",
@@ -122,22 +124,6 @@ class RolloutConfig(BaseModel):
     )
 
 
-def _choice_record(choice: Any, index: int) -> Choice:
-    extra = getattr(choice, "model_extra", None) or {}
-    mcprl_extra = extra.get("mcprl") or {}
-    sampling = mcprl_extra.get("token_logprobs")
-    if sampling is None and getattr(choice, "logprobs", None) and choice.logprobs.content:
-        sampling = [t.logprob for t in choice.logprobs.content]
-    return Choice(
-        message_index=index,
-        finish_reason=choice.finish_reason,
-        prompt_token_ids=extra.get("prompt_token_ids"),
-        token_ids=extra.get("token_ids"),
-        logprobs=mcprl_extra.get("model_logprobs", sampling),
-        sampling_logprobs=sampling,
-    )
-
-
 def _assistant_message(message: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "assistant", "content": message.content}
     if message.tool_calls:
@@ -208,7 +194,7 @@ async def rollout(
         done = False
         for turn in range(config.max_turns):
             t0 = time.perf_counter()
-            response = await _complete(client, served, traj, config, turn)
+            response = await _complete(client, served, traj, config, turn, _trainable(model))
             traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + (
                 time.perf_counter() - t0
             )
@@ -218,7 +204,7 @@ async def rollout(
             metrics["turns"] += 1
             choice = response.choices[0]
             traj.messages.append(_assistant_message(choice.message))
-            traj.choices.append(_choice_record(choice, len(traj.messages) - 1))
+            traj.choices.append(read_choice(choice, response, len(traj.messages) - 1))
             calls = choice.message.tool_calls or []
             if not calls:
                 traj.log(f"turn {turn + 1}: a reply without a tool call ends the attempt")
@@ -298,20 +284,34 @@ async def _single_turn(model: Any, scenario: Scenario, config: RolloutConfig, cl
     traj.messages = [{"role": "user", "content": scenario.task}]
     if config.system_prompt:
         traj.messages.insert(0, {"role": "system", "content": _system_prompt(config)})
-    response = await _complete(client, model.served_name, traj, config, 0)
+    response = await _complete(client, model.served_name, traj, config, 0, _trainable(model))
     if response is None:
         traj.metrics = {"turns": 0.0, "hit_context_limit": 1.0}
     else:
         choice = response.choices[0]
         traj.messages.append(_assistant_message(choice.message))
-        traj.choices.append(_choice_record(choice, len(traj.messages) - 1))
+        traj.choices.append(read_choice(choice, response, len(traj.messages) - 1))
         traj.metrics = {"turns": 1.0, "completed": float(choice.finish_reason == "stop")}
     traj.timings["generate_s"] = traj.metrics["duration_s"] = time.perf_counter() - started
     traj.metrics["trainable"] = float(traj.trainable)
     return traj
 
 
-async def _complete(client: Any, served: str, traj: Trajectory, config: RolloutConfig, turn: int):
+def _trainable(model: Any) -> bool:
+    from mcprl.model import TrainableModel
+
+    return isinstance(model, TrainableModel)
+
+
+async def _complete(
+    client: Any,
+    served: str,
+    traj: Trajectory,
+    config: RolloutConfig,
+    turn: int,
+    trainable: bool = False,
+):
+    """One completion; a trainable model's endpoint is asked for token ids and log-probs."""
     import openai
 
     kwargs: dict[str, Any] = {
@@ -327,8 +327,11 @@ async def _complete(client: Any, served: str, traj: Trajectory, config: RolloutC
         kwargs.update(tools=traj.tools, tool_choice=choice)
     if config.seed is not None:
         kwargs["seed"] = config.seed + turn
-    if config.extra_body:
-        kwargs["extra_body"] = config.extra_body
+    if trainable:
+        kwargs["logprobs"] = TOKEN_REQUEST["logprobs"]
+    extra = {**(TOKEN_REQUEST["extra_body"] if trainable else {}), **config.extra_body}
+    if extra:
+        kwargs["extra_body"] = extra
     try:
         response = await client.chat.completions.create(**kwargs)
     except openai.BadRequestError as exc:

@@ -7,7 +7,9 @@
 
 `prepare` checks, before any long work, that the server answers and has tools, that the
 scenarios are usable (and stores them with the run), that the model loads (resuming the run if it
-has checkpoints), and that the judge answers. `run` then repeats, up to `steps`:
+has checkpoints), and that the judge answers; `run` first checks that the policy's endpoint
+returns token ids and log-probabilities (`mcprl.tokens`), without which nothing could be trained,
+then repeats, up to `steps`:
 
 1. rollouts: `rollouts_per_group` attempts at each of `groups_per_step` training scenarios,
    drawn by `mcprl.curriculum.ScenarioSampler` (scenarios likely to give differing rewards, from
@@ -51,6 +53,7 @@ from mcprl.model import TrainableModel
 from mcprl.rewards import ReferenceReward, scorer
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet
+from mcprl.tokens import check_token_data
 from mcprl.trackers import close_trackers, open_trackers
 from mcprl.training import LoraConfig, TrainConfig
 from mcprl.types import TrajectoryGroup, read_groups
@@ -323,6 +326,8 @@ class TrainingRun:
             last_step=start,
             target_steps=config.steps,
         )
+        async with self.model.openai_client() as client:  # trainable replies, or stop now
+            await check_token_data(client, self.model.served_name)
         # the settings of this start, for the report and for whoever reruns it
         (self.run_dir / "run_config.json").write_text(
             self.config.model_dump_json(indent=2), encoding="utf-8"

@@ -1,0 +1,107 @@
+"""Token data from an OpenAI-compatible reply: what GRPO trains on, in each server's dialect.
+
+Training needs, for every completion, the prompt's token ids, the sampled token ids and their
+log-probabilities. Servers give them in different places:
+
+- **mcprl** (`mcprl serve`, the local backend): per choice `prompt_token_ids`, `token_ids`, and
+  `mcprl.token_logprobs` / `mcprl.model_logprobs` (the log-probabilities under the sampling
+  distribution and under the model);
+- **vLLM** (asked with `return_token_ids`, `logprobs` and `return_tokens_as_token_ids`): the
+  prompt's ids at the top level (`prompt_token_ids`), the choice's `token_ids`, and
+  `logprobs.content[i].logprob` with tokens spelled `token_id:N`.
+
+`TOKEN_REQUEST` holds the request fields that ask for all of it; both servers accept them.
+`read_choice(choice, response, index)` reads either dialect into a `Choice`. `check_token_data`
+asks an endpoint once and raises `TokenDataError` if its replies could not be trained on, so a
+run never trains on nothing in silence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcprl.errors import MCPRLError
+from mcprl.types import Choice
+
+__all__ = ["TOKEN_REQUEST", "TokenDataError", "check_token_data", "read_choice"]
+
+# keyword arguments for `client.chat.completions.create` that ask for token data
+TOKEN_REQUEST: dict[str, Any] = {
+    "logprobs": True,
+    "extra_body": {"return_token_ids": True, "return_tokens_as_token_ids": True},
+}
+
+
+class TokenDataError(MCPRLError):
+    """A trainable model's endpoint returns no token ids or log-probabilities."""
+
+
+def _extra(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return obj
+    return getattr(obj, "model_extra", None) or {}
+
+
+def _content(choice: Any) -> list[Any]:
+    logprobs = getattr(choice, "logprobs", None)
+    return list(getattr(logprobs, "content", None) or [])
+
+
+def _token_id(token: Any) -> int | None:
+    text = getattr(token, "token", "")
+    if isinstance(text, str) and text.startswith("token_id:"):
+        try:
+            return int(text.removeprefix("token_id:"))
+        except ValueError:
+            return None
+    return None
+
+
+def read_choice(choice: Any, response: Any, index: int) -> Choice:
+    """A `Choice` (the reply at `messages[index]`) with whatever token data the reply holds."""
+    extra, top = _extra(choice), _extra(response)
+    ours = extra.get("mcprl") or {}
+    content = _content(choice)
+    sampling = ours.get("token_logprobs")
+    if sampling is None and content:
+        sampling = [float(t.logprob) for t in content]
+    token_ids = extra.get("token_ids")
+    if token_ids is None and content:  # vLLM without return_token_ids: spelled in the tokens
+        spelled = [_token_id(t) for t in content]
+        token_ids = spelled if all(i is not None for i in spelled) else None
+    return Choice(
+        message_index=index,
+        finish_reason=getattr(choice, "finish_reason", None),
+        prompt_token_ids=extra.get("prompt_token_ids") or top.get("prompt_token_ids"),
+        token_ids=token_ids,
+        logprobs=ours.get("model_logprobs", sampling),
+        sampling_logprobs=sampling,
+    )
+
+
+async def check_token_data(client: Any, served: str) -> None:
+    """Ask `served` for one token; raise `TokenDataError` naming what its reply lacks."""
+    response = await client.chat.completions.create(
+        model=served,
+        messages=[{"role": "user", "content": "Say OK."}],
+        max_tokens=1,
+        temperature=1.0,
+        **TOKEN_REQUEST,
+    )
+    choice = read_choice(response.choices[0], response, 1)
+    missing = [
+        name
+        for name, value in (
+            ("prompt token ids", choice.prompt_token_ids),
+            ("completion token ids", choice.token_ids),
+            ("log-probabilities", choice.sampling_logprobs),
+        )
+        if not value
+    ]
+    if missing:
+        raise TokenDataError(
+            f"the endpoint serving {served!r} returned no {', no '.join(missing)}, so its "
+            "attempts could not be trained on. GRPO needs them: serve the model with mcprl "
+            "(the local backend, `mcprl serve`) or with vLLM, which returns them when asked "
+            "(mcprl asks with return_token_ids, logprobs and return_tokens_as_token_ids)"
+        )
