@@ -177,12 +177,14 @@ def _interrupt(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    lines = []
+    seen = ""  # read by character: a progress bar's text ends with \r, not a newline
     deadline = time.monotonic() + 240
-    for line in proc.stderr:
-        lines.append(line)
-        if line.lstrip().startswith(when) or time.monotonic() > deadline:
+    while when not in seen and time.monotonic() < deadline:
+        char = proc.stderr.read(1)
+        if not char:
             break
+        seen += char
+    lines = seen.splitlines(keepends=True)
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -203,7 +205,7 @@ def test_ctrl_c_stops_cleanly_and_the_run_resumes(tmp_path):
 def test_ctrl_c_in_the_baseline_evaluation_exits_130_without_an_abort(tmp_path):
     # progress bars on (no -q), one thread: what a first run on a busy laptop looks like
     extra = ("--threads", "1")
-    code, out, err, lines = _interrupt(tmp_path, "reward:", *extra, quiet=False)
+    code, out, err, lines = _interrupt(tmp_path, "eval 0:", *extra, quiet=False)  # its bar
     assert code == 130, "".join(lines) + err
     assert "the evaluation in progress is dropped" in err  # the message fits the phase
     assert "terminate called" not in err and "Traceback" not in err
