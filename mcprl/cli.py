@@ -37,6 +37,7 @@ from mcprl._defaults import configured_llm
 from mcprl.errors import MCPRLError
 from mcprl.mcp import ServerInfo, inspect_server
 from mcprl.scenarios import ScenarioSet, build_grounded, generate_scenarios
+from mcprl.trackers import TRACKERS
 from ruler import RulerError
 
 SERVER_HELP = (
@@ -526,7 +527,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tracker",
         action="append",
-        choices=["csv", "tensorboard", "wandb"],
+        choices=TRACKERS,
         help="also send the metrics to: csv (RUN/metrics.csv), tensorboard (RUN/tensorboard; "
         "needs tensorboard), wandb (needs wandb); repeatable. history.jsonl is always written",
     )

@@ -236,8 +236,8 @@ async def evaluate_models(
             on_model(row, groups)
     if judge is not None and len(models) * attempts >= 2:
         await _judge_across(all_groups, judge, progress)
-    for row in rows:
-        row.metrics = summarize(all_groups[row.model], by_id)
+        for row in rows:  # with the judge's scores
+            row.metrics = summarize(all_groups[row.model], by_id)
     return rows, all_groups
 
 

@@ -227,7 +227,7 @@ async def _attempt_chain(
         # A failed call rarely changes state, so the first step may be retried in this session.
         for _ in range(4):
             tool = rng.choice(tools)
-            args = sampler.arguments(tool.input_schema, description=tool.description)
+            args = sampler.for_tool(tool)
             result = await session.call_tool(tool.name, args)
             if not _failed(result):
                 break
@@ -248,9 +248,7 @@ async def _attempt_chain(
             if not options:
                 break
             tool, link = rng.choice(options)
-            args = sampler.arguments(
-                tool.input_schema, fixed={link.param: link.value}, description=tool.description
-            )
+            args = sampler.for_tool(tool, fixed={link.param: link.value})
             result = await session.call_tool(tool.name, args)
             if _failed(result):
                 if not result.is_error:
@@ -279,7 +277,7 @@ async def _warm_up(
     async with open_session(server, **session_options) as session:
         for _ in range(3):
             for tool in tools:
-                args = sampler.arguments(tool.input_schema, description=tool.description)
+                args = sampler.for_tool(tool)
                 result = await session.call_tool(tool.name, args)
                 if not _failed(result):
                     sampler.pool.learn(harvest(result.text))

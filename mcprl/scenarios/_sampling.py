@@ -195,6 +195,10 @@ class SchemaSampler:
                 args[name] = value
         return args
 
+    def for_tool(self, tool: Any, fixed: dict[str, Any] | None = None) -> dict:
+        """Arguments for a `ToolInfo`: its input schema, with its description's examples."""
+        return self.arguments(tool.input_schema, fixed, description=tool.description)
+
     def value(self, schema: dict[str, Any], name: str = "") -> Any:
         schema = self._resolve(schema)
         for key in ("anyOf", "oneOf"):
