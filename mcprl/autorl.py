@@ -17,11 +17,14 @@ import hashlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcprl.errors import ScenarioGenerationError
 from mcprl.scenarios import Deduper, Scenario, ScenarioSet
 from ruler import DEFAULT_RUBRIC, JudgeError, LLMClient, Usage, extract_json
+
+if TYPE_CHECKING:
+    from mcprl.backends import Inference
 
 __all__ = ["TaskSet", "autorl_rubric", "write_task_set"]
 
@@ -59,12 +62,19 @@ class TaskSet:
     def __init__(self, task: str, system_prompt: str, scenarios: ScenarioSet) -> None:
         self.task, self.system_prompt, self.scenarios = task, system_prompt, scenarios
 
+    def files(self) -> dict[str, str]:
+        """The run files it is kept as: task.txt, system_prompt.txt, scenarios.jsonl."""
+        return {
+            "task.txt": self.task.strip() + "\n",
+            "system_prompt.txt": self.system_prompt,
+            "scenarios.jsonl": self.scenarios.dumps(),
+        }
+
     def save_to(self, run_dir: str | Path) -> None:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "task.txt").write_text(self.task.strip() + "\n", encoding="utf-8")
-        (run_dir / "system_prompt.txt").write_text(self.system_prompt, encoding="utf-8")
-        self.scenarios.save(run_dir / "scenarios.jsonl")
+        for name, text in self.files().items():
+            (run_dir / name).write_text(text, encoding="utf-8")
 
 
 def _inputs_schema(k: int) -> dict[str, Any]:
@@ -91,8 +101,7 @@ async def write_task_set(
     *,
     n: int = 24,
     generator: str | LLMClient | None = None,
-    backend: Any = None,
-    base_model: str = "smollm2-135m",
+    inference: Inference | None = None,
     seed: int = 0,
     batch_size: int = 6,
     max_rounds: int | None = None,
@@ -100,17 +109,18 @@ async def write_task_set(
     say: Callable[[str], None] | None = None,
 ) -> TaskSet:
     """Ask `generator` (a LiteLLM model or an `LLMClient`; by default the local base model
-    served by `backend`) for the inputs and the system prompt (see the module docstring)."""
+    served at `inference`, a registered model's) for the inputs and the system prompt (see the
+    module docstring)."""
     say = say or logger.info
     if len(task.strip()) < 10:
         raise ValueError("describe the task in a sentence or more (at least 10 characters)")
     if generator is None:
-        if backend is None:
-            raise ValueError("no generator: name a LiteLLM model or pass the local backend")
+        if inference is None:
+            raise ValueError("no generator: name a LiteLLM model or pass the local endpoint")
         llm = LLMClient(
-            f"openai/{base_model}",
-            api_base=backend.base_url,
-            api_key=backend.api_key,
+            f"openai/{inference.base_name}",
+            api_base=inference.base_url,
+            api_key=inference.api_key,
             temperature=1.0,
         )
     elif isinstance(generator, LLMClient):

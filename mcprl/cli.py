@@ -164,6 +164,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _quiet_libraries()
     _set_threads(args)
     pick_device(args.device)  # a wrong --device fails before the model loads
+    if args.train:
+        return _serve_backend(args, api_key)
     print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     engine = Engine(loaded, max_batch_size=args.max_batch_size)
@@ -187,6 +189,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         engine.close()
+    return 0
+
+
+def _serve_backend(args: argparse.Namespace, api_key: str | None) -> int:
+    """`mcprl serve --train`: the OpenAI API and the backend API on one port, until Ctrl-C."""
+    import signal
+    import threading
+
+    from mcprl.backends import LocalBackend
+    from mcprl.backends._api import backend_routes
+
+    if args.lora or args.allow_adapter_dir or args.served_name:
+        raise ValueError(
+            "--train serves the runs under --path: --lora, --allow-adapter-dir and "
+            "--served-name do not apply"
+        )
+    backend = LocalBackend(
+        args.path,
+        inference_dtype=args.dtype,
+        train_dtype=args.dtype,
+        device=args.device,
+        host=args.host,
+        port=args.port,
+        api_key=api_key or "",
+        max_batch_size=args.max_batch_size,
+    )
+    print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
+    backend.start(args.model, routes=backend_routes(backend))
+    print(
+        f"serving {args.model!r} at http://{args.host}:{args.port}/v1 and the backend API at "
+        f"http://{args.host}:{args.port}/backend; runs under {Path(args.path).resolve()}",
+        file=sys.stderr,
+    )
+    print(
+        f"  train from another machine: mcprl train SERVER --backend http://HOST:{args.port}"
+        + ("" if api_key else " (no API key: loopback only)"),
+        file=sys.stderr,
+        flush=True,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        backend.close()
     return 0
 
 
@@ -524,6 +573,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         help="inference and training weights; LoRA weights stay float32 (default bfloat16)",
     )
     _add_device(p)
+    _add_backend(p)
     p.add_argument(
         "--tracker",
         action="append",
@@ -536,12 +586,33 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _backend(args: argparse.Namespace):
+    """The backend `--backend` names: this process (`local`, the default) or a server's URL."""
+    if args.backend and args.backend != "local":
+        from mcprl.backends import RemoteBackend
+
+        _say(f"  training and inference on {args.backend} (runs kept there)")
+        return RemoteBackend(args.backend, api_key=args.api_key)
     from mcprl.backends import LocalBackend
 
     _quiet_libraries()
     _set_threads(args)
     return LocalBackend(
         args.path, inference_dtype=args.dtype, train_dtype=args.dtype, device=args.device
+    )
+
+
+def _add_backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        default="local",
+        metavar="local|URL",
+        help="where the model is served and trained: local (this process, the default) or "
+        "the URL of `mcprl serve --train` on another machine (e.g. http://gpu-box:8000); "
+        "rollouts and their MCP sessions stay here",
+    )
+    p.add_argument(
+        "--api-key",
+        help="the remote backend's key (default: $MCPRL_API_KEY; a flag is visible in `ps`)",
     )
 
 
@@ -602,7 +673,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         return made.with_split(0.25, seed=config.seed)
 
     with _backend(args) as backend:
-        run = TrainingRun(config, args.server, backend, say=_say, progress=not args.quiet)
+        run = TrainingRun(
+            config, args.server, backend, say=_say, progress=not args.quiet,
+            workdir=Path(args.path) / config.project / config.name,
+        )  # fmt: skip
         summary = _train_with_ctrl_c(run, lambda: run.prepare(args.scenarios, make_scenarios=make))
     print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     return EXIT_INTERRUPTED if summary.interrupted else 0
@@ -619,23 +693,26 @@ def cmd_autorl(args: argparse.Namespace) -> int:
     generator = args.generator or configured_llm()
     with _backend(args) as backend:
         config = _run_config(args, reward="ruler", rubric=autorl_rubric(args.task))
-        run = TrainingRun(config, args.server, backend, say=_say, progress=not args.quiet)
+        run = TrainingRun(
+            config, args.server, backend, say=_say, progress=not args.quiet,
+            workdir=Path(args.path) / config.project / config.name,
+        )  # fmt: skip
 
         async def prepare() -> None:
-            stored = run.run_dir / "scenarios.jsonl"
-            if not stored.is_file():
-                run.model.register(backend)  # the local model may be the writer
+            model = run.model
+            if await backend.read_file(model, "scenarios.jsonl") is None:
+                await model.register(backend)  # the local model may be the writer
                 written = await write_task_set(
                     args.task,
                     n=args.n,
                     generator=generator,
-                    backend=backend,
-                    base_model=config.base_model,
+                    inference=model.inference,
                     seed=config.seed,
                     say=_say,
                 )
-                written.save_to(run.run_dir)
-            prompt = (run.run_dir / "system_prompt.txt").read_text(encoding="utf-8")
+                for name, text in written.files().items():
+                    await backend.write_file(model, name, text)
+            prompt = await backend.read_file(model, "system_prompt.txt") or ""
             if args.server is not None:  # the agent loop's rules for tools come after the task's
                 prompt = f"{prompt.strip()}\n\n{DEFAULT_SYSTEM_PROMPT}"
             run.config.rollout.system_prompt = prompt
@@ -710,11 +787,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     from mcprl.report import write_report
 
     target = Path(args.run)
-    if not (target / "model.json").is_file():
+    if args.backend != "local":
+        target = anyio.run(lambda: _export_remote(args))
+    elif not (target / "model.json").is_file():
         target = Path(args.path) / args.run
     out = write_report(target)
     print(f"wrote {out}")
     return 0
+
+
+async def _export_remote(args: argparse.Namespace) -> Path:
+    """Copy a run kept by a remote backend into --path (records, not checkpoints)."""
+    from mcprl.backends import RemoteBackend, export_run
+    from mcprl.model import TrainableModel
+
+    project, _, name = args.run.partition("/")
+    if not name:
+        raise ValueError(f"{args.run!r}: with --backend URL, name the run as PROJECT/NAME")
+    model = TrainableModel(name=name, project=project)
+    backend = RemoteBackend(args.backend, api_key=args.api_key)
+    if await backend.read_file(model, "model.json") is None:
+        raise ValueError(f"the backend at {backend.url} has no run {args.run}")
+    return await export_run(backend, model, Path(args.path) / project / name)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -850,6 +944,7 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="write report.html and plots for a run")
     rp.add_argument("run", help="PROJECT/MODEL under --path, or a run directory")
     rp.add_argument("--path", default=".mcprl", help="where runs live (default .mcprl)")
+    _add_backend(rp)
     rp.set_defaults(func=cmd_report)
 
     v = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible endpoint")
@@ -887,6 +982,15 @@ def _parser() -> argparse.ArgumentParser:
         help="requests decoded together (default 32)",
     )
     v.add_argument("--lora", action="append", metavar="NAME=PATH", help="load a LoRA adapter")
+    v.add_argument(
+        "--train",
+        action="store_true",
+        help="also serve the backend API, so that `mcprl train --backend URL` on another "
+        "machine trains here (runs kept under --path)",
+    )
+    v.add_argument(
+        "--path", default=".mcprl", help="with --train: where runs live (default .mcprl)"
+    )
     v.set_defaults(func=cmd_serve)
     return p
 

@@ -375,16 +375,23 @@ def open_models(
     if any(plan):
         from mcprl.serving import LocalServer
 
-        server = LocalServer(base_model, dtype=dtype, served_name=base_model, device=device)
+        server = LocalServer(
+            base_model, dtype=dtype, served_name=base_model, device=device, adapter_dirs=[path]
+        )
     try:
+        from mcprl.serving._server import adapter_request
+
         models: list[Any] = []
+        loaded: set[str] = set()
         for spec, local in zip(specs, plan, strict=True):
             if local is None:
                 models.append(LiteLLMModel(name=spec, api_base=api_base))
                 continue
             name, adapter = local
-            if adapter is not None and name not in server.engine.adapters:
-                server.engine.load_adapter(name, str(adapter))
+            if adapter is not None and name not in loaded:
+                body = {"lora_name": name, "lora_path": str(adapter)}
+                adapter_request(server.base_url, server.api_key, "load", body)
+                loaded.add(name)
             models.append(Model(name=name, base_url=server.base_url, api_key=server.api_key))
         yield models, server
     finally:

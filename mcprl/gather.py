@@ -19,7 +19,7 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -28,7 +28,7 @@ import anyio
 from mcprl.errors import MCPRLError
 from mcprl.types import AttemptError, Trajectory, TrajectoryGroup
 
-__all__ = ["GatherError", "gather_groups", "note_turn"]
+__all__ = ["GatherError", "gather_groups", "gather_trajectory_groups", "note_turn"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def note_turn(tokens: int) -> None:
 
 
 async def gather_groups(
-    groups: Sequence[Sequence[Attempt]],
+    groups: Sequence[Sequence[Attempt] | TrajectoryGroup],
     *,
     max_concurrency: int = 8,
     max_exceptions: int | float = 0,
@@ -128,8 +128,11 @@ async def gather_groups(
     progress: bool = True,
     scenario_ids: Sequence[str | None] | None = None,
 ) -> list[TrajectoryGroup]:
-    """Run every attempt of every group; return the groups (dropped ones left out), in order."""
-    total = sum(len(g) for g in groups)
+    """Run every attempt of every group; return the groups (dropped ones left out), in order.
+
+    A group may be a `TrajectoryGroup` holding awaitables (`TrajectoryGroup(items)`): its
+    attempts run and join it, and it is the group returned."""
+    total = sum(len(_items(g)) for g in groups)
     allowed = _limit(max_exceptions, total)
     limiter = anyio.CapacityLimiter(max(1, max_concurrency))
     results: list[TrajectoryGroup | None] = [None] * len(groups)
@@ -159,10 +162,15 @@ async def gather_groups(
             bar.update(reward=trajectory.reward)
 
     async def run_group(i: int) -> None:
-        sid = scenario_ids[i] if scenario_ids is not None else None
-        group = TrajectoryGroup(scenario_id=sid)
+        given, items = groups[i], _items(groups[i])
+        if isinstance(given, TrajectoryGroup):
+            group = given
+            given.pending.clear()  # each awaitable runs once
+        else:
+            sid = scenario_ids[i] if scenario_ids is not None else None
+            group = TrajectoryGroup(scenario_id=sid)
         async with anyio.create_task_group() as tg:
-            for item in groups[i]:
+            for item in items:
                 tg.start_soon(attempt, item, group)
         if group.scenario_id is None and group.trajectories:
             group.scenario_id = _scenario_id(group.trajectories[0])
@@ -181,6 +189,36 @@ async def gather_groups(
         _progress.reset(token)
         bar.close()
     return [g for g in results if g is not None]
+
+
+async def gather_trajectory_groups(
+    groups: Iterable[TrajectoryGroup],
+    *,
+    pbar_desc: str = "gather",
+    max_exceptions: int | float = 0,
+    after_each: AfterEach | None = None,
+    max_concurrency: int = 32,
+    progress: bool = True,
+) -> list[TrajectoryGroup]:
+    """ART's name for `gather_groups` over groups built as `TrajectoryGroup(awaitables)`:
+
+    groups = await gather_trajectory_groups(
+        (TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in scenarios),
+        pbar_desc="gather", max_exceptions=4,
+    )
+    """
+    return await gather_groups(
+        list(groups),
+        max_concurrency=max_concurrency,
+        max_exceptions=max_exceptions,
+        after_each=after_each,
+        desc=pbar_desc,
+        progress=progress,
+    )
+
+
+def _items(group: Sequence[Attempt] | TrajectoryGroup) -> list[Attempt]:
+    return list(group.pending) if isinstance(group, TrajectoryGroup) else list(group)
 
 
 def _scenario_id(trajectory: Trajectory) -> str | None:

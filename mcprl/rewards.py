@@ -17,6 +17,9 @@
   reward from references, RULER, or both with weights, and records the parts as metrics
   (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
 
+- `ruler_score_group(group, judge)`: ART's function: RULER's scores become the rewards (the
+  previous reward is kept as `metrics["independent_reward"]`).
+
 A judge failure is never a zero: with `drop_failed_groups`, the group is dropped with a logged
 reason (and `on_drop(group, error)` is told, so that a caller can count and bound the losses);
 otherwise the error propagates.
@@ -35,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcprl.scenarios import Reference, Scenario, normalize
 from mcprl.types import Trajectory, TrajectoryGroup
-from ruler import Judge, JudgeError
+from ruler import DEFAULT_RUBRIC, Judge, JudgeError
 
 __all__ = [
     "ReferenceReward",
@@ -45,6 +48,7 @@ __all__ = [
     "is_success",
     "reference_reward",
     "reward_parts",
+    "ruler_score_group",
     "scorer",
 ]
 
@@ -280,3 +284,48 @@ def scorer(
         return group
 
     return score
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    judge_model: str | Judge = "openai/o3",
+    *,
+    extra_litellm_params: Mapping[str, Any] | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    swallow_exceptions: bool = False,
+    debug: bool = False,
+) -> TrajectoryGroup | None:
+    """A copy of `group` with RULER's scores as rewards (ART's `ruler_score_group`).
+
+    `judge_model` is a LiteLLM model string or a `ruler.Judge`. Each trajectory keeps its
+    previous reward as `metrics["independent_reward"]` and the score as
+    `metrics["ruler_score"]`; with `debug`, the judge's explanation goes into its logs. If the
+    judge fails, the error propagates, or with `swallow_exceptions` the result is None (logged):
+    never a reward of 0. A group of fewer than 2 attempts cannot be ranked: ValueError.
+    """
+    if len(group.trajectories) < 2:
+        raise ValueError(
+            f"RULER ranks 2 or more attempts; this group has {len(group.trajectories)}"
+        )
+    judge = (
+        judge_model
+        if isinstance(judge_model, Judge)
+        else Judge(judge_model, rubric=rubric, extra_params=extra_litellm_params)
+    )
+    result = await judge.score(
+        [t.messages for t in group.trajectories],
+        tools=group.trajectories[0].tools or None,
+        rubric=rubric if rubric != DEFAULT_RUBRIC else None,
+        swallow_exceptions=swallow_exceptions,
+    )
+    if result is None:
+        return None
+    scored = group.model_copy(deep=True)
+    for t, s in zip(scored.trajectories, result.scores, strict=True):
+        if t.reward is not None:
+            t.metrics["independent_reward"] = t.reward
+        t.metrics["ruler_score"] = s.score
+        t.reward = s.score
+        if debug:
+            t.log(f"RULER ({judge.model}): {s.score:.2f}: {s.explanation}")
+    return scored

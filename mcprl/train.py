@@ -1,6 +1,6 @@
 """The training loop behind `mcprl train` and `mcprl autorl`.
 
-    backend = LocalBackend(".mcprl")
+    backend = LocalBackend(".mcprl")          # or RemoteBackend(url): any `Backend`
     run = TrainingRun(RunConfig(project="calc", steps=10), "example:calculator", backend)
     await run.prepare(scenarios="scenarios/calculator.jsonl")   # preflight checks
     summary = await run.run()
@@ -23,6 +23,10 @@ and evaluates the val split before the first step (the baseline), every `eval_ev
 after the last. Each phase's wall time goes into the step's history row. `request_stop()` (the
 CLI calls it on Ctrl-C) abandons rollouts in flight but lets a started training step finish and
 record itself, so running again resumes where it stopped.
+
+The run uses only the `mcprl.backends.Backend` methods: its scenarios, settings, history and
+trajectories live with the backend. Its report is written where the backend keeps the run on
+this machine, else into `workdir` (a copy of the run's records, without checkpoints).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcprl._defaults import configured_llm
+from mcprl.backends._protocol import Backend, export_run
 from mcprl.curriculum import ScenarioSampler, is_informative
 from mcprl.errors import JudgeFailedError, PreflightError
 from mcprl.evaluate import (
@@ -56,7 +61,7 @@ from mcprl.scenarios import Scenario, ScenarioSet
 from mcprl.tokens import check_token_data
 from mcprl.trackers import close_trackers, open_trackers
 from mcprl.training import LoraConfig, TrainConfig
-from mcprl.types import TrajectoryGroup, read_groups
+from mcprl.types import TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError, Usage
 
 __all__ = ["RunConfig", "RunSummary", "TrainingRun"]
@@ -148,20 +153,25 @@ class RunSummary(BaseModel):
 
 
 class TrainingRun:
-    """One run of the loop in the module docstring, on a `LocalBackend`."""
+    """One run of the loop in the module docstring, on any `Backend`."""
 
     def __init__(
         self,
         config: RunConfig,
         server: Any,
-        backend: Any,
+        backend: Backend,
         *,
         say: Callable[[str], None] | None = None,
         progress: bool = True,
+        workdir: str | Path | None = None,
     ) -> None:
+        """`workdir`: where the report goes when the backend keeps the run elsewhere
+        (default: `.mcprl/<project>/<name>`)."""
         self.config = config
         self.server = server
         self.backend = backend
+        self.workdir = Path(workdir or Path(".mcprl") / config.project / config.name)
+        self._local: Path | None = None
         self.say = say or logger.info
         self.progress = progress
         self.model = TrainableModel(
@@ -184,7 +194,8 @@ class TrainingRun:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.backend.path) / self.config.project / self.config.name
+        """The run's directory on this machine: the backend's own, else `workdir`."""
+        return self._local or self.workdir
 
     # -- preflight -----------------------------------------------------------------------------
 
@@ -195,11 +206,14 @@ class TrainingRun:
         make_scenarios: Callable[[ServerInfo | None], Any] | None = None,
     ) -> None:
         """Run the preflight checks (module docstring); raise `PreflightError` with the fix."""
-        from mcprl.serving import check_model
         from mcprl.trackers import check_trackers
 
-        check_model(self.config.base_model)  # before anything is written or generated
+        try:  # before anything is written or generated
+            await self.backend.check_model(self.config.base_model)
+        except ValueError as exc:
+            raise PreflightError(str(exc)) from exc
         check_trackers(self.config.trackers)
+        self._local = await self.backend.local_dir(self.model)
         if self.server is not None:
             self.info = await inspect_server(self.server)
             self.say(f"✓ server {self.info.name}: {len(self.info.tools)} tools")
@@ -212,8 +226,8 @@ class TrainingRun:
                 )
         self.scenarios = await self._resolve_scenarios(scenarios, make_scenarios)
         self.reward = self._resolve_reward()
-        self.model.register(self.backend)
-        step = self.backend.step(self.model)
+        await self.model.register(self.backend)
+        step = self.model.step
         resumed = f"resuming at step {step}" if step else "a fresh LoRA at step 0"
         self.say(f"✓ model {self.config.base_model} loaded; {self.model.name}: {resumed}")
         if self.reward in ("ruler", "both"):
@@ -223,20 +237,22 @@ class TrainingRun:
         self.say(f"  reward: {self.reward}")
         self.by_id = {s.id: s for s in self.scenarios}
         self.score = self._scorer()
-        self.sampler = self._sampler()
+        self.sampler = await self._sampler()
 
     async def _resolve_scenarios(self, given, make) -> ScenarioSet:
-        stored = self.run_dir / "scenarios.jsonl"
+        kept = await self.backend.read_file(self.model, "scenarios.jsonl")
+        stored = ScenarioSet.loads(kept, "scenarios.jsonl") if kept is not None else None
         if given is not None:
             scenarios = given if isinstance(given, ScenarioSet) else ScenarioSet.load(given)
             where = "given"
-            if stored.is_file() and _ids(ScenarioSet.load(stored)) != _ids(scenarios):
+            if stored is not None and _ids(stored) != _ids(scenarios):
                 raise PreflightError(
-                    f"this run ({self.run_dir}) trained on other scenarios, kept in {stored}; "
-                    "train a new run with --name, or pass --scenarios with that file"
+                    f"this run ({self.config.project}/{self.config.name}) trained on other "
+                    "scenarios, kept with it as scenarios.jsonl; train a new run with --name, "
+                    "or pass --scenarios with that file"
                 )
-        elif stored.is_file():
-            scenarios, where = ScenarioSet.load(stored), f"stored with the run ({stored})"
+        elif stored is not None:
+            scenarios, where = stored, "stored with the run"
         elif make is not None:
             scenarios, where = await make(self.info), "new for this run"
         else:
@@ -248,7 +264,7 @@ class TrainingRun:
                 f"the scenarios need a train and a val split (have {len(scenarios.train)} train, "
                 f"{len(scenarios.val)} val); give the file more scenarios or fix their 'split'"
             )
-        scenarios.save(stored)
+        await self.backend.write_file(self.model, "scenarios.jsonl", scenarios.dumps())
         self.say(f"✓ scenarios ({where}): {len(scenarios.train)} train, {len(scenarios.val)} val")
         return scenarios
 
@@ -285,9 +301,8 @@ class TrainingRun:
                 temperature=0.0,
             )
         # the base model, served without the adapter: the judge is never the policy
-        return local_judge(
-            self.config.base_model, self.backend.base_url, self.backend.api_key, self.config.rubric
-        )
+        where = self.model.inference
+        return local_judge(where.base_name, where.base_url, where.api_key, self.config.rubric)
 
     async def _ping_judge(self) -> None:
         llm = self.judge.llm
@@ -315,7 +330,7 @@ class TrainingRun:
 
     async def run(self) -> RunSummary:
         config = self.config
-        start = self.backend.step(self.model)
+        start = await self.model.get_step()
         summary = RunSummary(
             project=config.project,
             name=config.name,
@@ -329,35 +344,38 @@ class TrainingRun:
         async with self.model.openai_client() as client:  # trainable replies, or stop now
             await check_token_data(client, self.model.served_name)
         # the settings of this start, for the report and for whoever reruns it
-        (self.run_dir / "run_config.json").write_text(
-            self.config.model_dump_json(indent=2), encoding="utf-8"
+        await self.backend.write_file(
+            self.model, "run_config.json", self.config.model_dump_json(indent=2)
         )
-        self._open_trackers()
+        await self._open_trackers()
         try:
             with anyio.CancelScope() as self._scope:
                 if self._stop:
                     self._scope.cancel()
-                if (start == 0 and not self._has_val(0)) or self._eval_due(start):
+                if (start == 0 and not await self._has_val(0)) or await self._eval_due(start):
                     await self._evaluate(summary)
-                    self._track()
-                while self.backend.step(self.model) < config.steps:
+                    await self._track()
+                while self.model.step < config.steps:
                     await self._step(summary)
-                    self._track()
-                    if self._eval_due(self.backend.step(self.model)):
+                    await self._track()
+                    if await self._eval_due(self.model.step):
                         await self._evaluate(summary)
-                        self._track()
+                        await self._track()
         finally:
-            self._track()
+            with anyio.CancelScope(shield=True):
+                await self._track()
             close_trackers(self.trackers)
         summary.interrupted = self._scope.cancel_called
-        summary.last_step = self.backend.step(self.model)
-        self._fill_baseline(summary)
+        summary.last_step = await self.model.get_step()
+        rows = await self.backend.history(self.model)
+        _fill_baseline(summary, rows)
         if config.write_report:
-            summary.report = self._report()
+            summary.report = await self._report()
+        summary.run_dir = str(self.run_dir)
         return summary
 
-    def _open_trackers(self) -> None:
-        rows = self.backend.store(self.model).history()
+    async def _open_trackers(self) -> None:
+        rows = await self.backend.history(self.model)
         self.trackers = open_trackers(
             self.config.trackers,
             self.run_dir,
@@ -367,11 +385,11 @@ class TrainingRun:
         )
         self._tracked = len(rows)
 
-    def _track(self) -> None:
+    async def _track(self) -> None:
         """Send the history rows appended since the last call to the trackers."""
         if not self.trackers:
             return
-        rows = self.backend.store(self.model).history()
+        rows = await self.backend.history(self.model)
         for row in rows[self._tracked :]:
             for tracker in self.trackers:
                 tracker.log(row)
@@ -399,26 +417,26 @@ class TrainingRun:
                 f"it was kept. The judge's last error: {last[:500]}"
             )
 
-    def _sampler(self) -> ScenarioSampler:
+    async def _sampler(self) -> ScenarioSampler:
         """The training-scenario sampler, with the groups of every step so far replayed."""
         sampler = ScenarioSampler(
             self.scenarios.train, seed=self.config.seed, uniform=self.config.sampling == "uniform"
         )
-        for path in sorted((self.run_dir / "trajectories" / "train").glob("*.jsonl")):
-            sampler.observe(read_groups(path))
+        for _, groups in sorted((await self.backend.trajectories(self.model, "train")).items()):
+            sampler.observe(groups)
         return sampler
 
-    def _has_val(self, step: int) -> bool:
-        store = self.backend.store(self.model)
-        return any(r["step"] == step and "val/attempts" in r for r in store.history())
+    async def _has_val(self, step: int) -> bool:
+        rows = await self.backend.history(self.model)
+        return any(r["step"] == step and "val/attempts" in r for r in rows)
 
-    def _eval_due(self, step: int) -> bool:
+    async def _eval_due(self, step: int) -> bool:
         every = self.config.eval_every
         due = step == self.config.steps or (every > 0 and step % every == 0)
-        return step > 0 and due and not self._has_val(step)
+        return step > 0 and due and not await self._has_val(step)
 
     async def _step(self, summary: RunSummary) -> None:
-        config, step = self.config, self.backend.step(self.model) + 1
+        config, step = self.config, self.model.step + 1
         groups, counts, times = await self._draw_groups(step)
         dropped = int(counts["groups_dropped"])
         self._check_judge(dropped, int(counts["groups_drawn"]), f"step {step}")
@@ -430,8 +448,8 @@ class TrainingRun:
         extra |= {"time/rollout_s": times["rollout"], "time/judge_s": times["judge"]}
         self.phase = "training"
         with _Bar(f"step {step} training", self.progress) as bar:
-            result = await self.backend.train(
-                self.model, groups, config.train, metrics=extra, on_progress=bar.update
+            result = await self.model.train(
+                groups, config.train, metrics=extra, on_progress=bar.update
             )
         m = result.metrics
         times["train"] = m.get("time_train_s", 0.0)
@@ -521,7 +539,7 @@ class TrainingRun:
         )
 
     async def _evaluate(self, summary: RunSummary) -> None:
-        config, step = self.config, self.backend.step(self.model)
+        config, step = self.config, self.model.step
         val = self.scenarios.val.scenarios[: config.max_val_scenarios]
         self.phase = "evaluation"
         t0 = time.perf_counter()
@@ -535,21 +553,15 @@ class TrainingRun:
         metrics["time_s"] = time.perf_counter() - t0
         summary.times["eval"] = summary.times.get("eval", 0.0) + metrics["time_s"]
         with anyio.CancelScope(shield=True):
-            self.backend.log(self.model, metrics, "val", groups)
+            await self.backend.log(self.model, metrics, "val", groups)
         self.say(f"eval at step {step}: {_describe(metrics)}")
 
-    def _fill_baseline(self, summary: RunSummary) -> None:
-        vals = [r for r in self.backend.store(self.model).history() if "val/attempts" in r]
-        if vals:
-            first, last = vals[0], vals[-1]
-            summary.baseline_step, summary.final_step = first["step"], last["step"]
-            summary.baseline = {k[4:]: v for k, v in first.items() if k.startswith("val/")}
-            summary.final = {k[4:]: v for k, v in last.items() if k.startswith("val/")}
-
-    def _report(self) -> str | None:
+    async def _report(self) -> str | None:
         try:
             from mcprl.report import write_report
 
+            if self._local is None:  # the run is kept elsewhere: copy its records here
+                await export_run(self.backend, self.model, self.workdir)
             return str(write_report(self.run_dir))
         except Exception as exc:  # the run's data is safe; only the report is missing
             logger.warning("could not write the report: %s", exc)
@@ -571,6 +583,15 @@ def local_judge(
         # the 135M default reads 8,192 tokens: keep a group's prompt well inside that
         max_prompt_chars=18_000,
     )
+
+
+def _fill_baseline(summary: RunSummary, rows: list[dict[str, Any]]) -> None:
+    vals = [r for r in rows if "val/attempts" in r]
+    if vals:
+        first, last = vals[0], vals[-1]
+        summary.baseline_step, summary.final_step = first["step"], last["step"]
+        summary.baseline = {k[4:]: v for k, v in first.items() if k.startswith("val/")}
+        summary.final = {k[4:]: v for k, v in last.items() if k.startswith("val/")}
 
 
 def _ids(scenarios: ScenarioSet) -> set[str]:

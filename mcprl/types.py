@@ -12,13 +12,14 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
 __all__ = [
     "AttemptError",
     "Choice",
+    "Messages",
     "Trajectory",
     "TrajectoryGroup",
     "read_groups",
@@ -53,11 +54,63 @@ class Choice(BaseModel):
         )
 
 
-class Trajectory(BaseModel):
-    """One attempt at a scenario."""
+class Messages(list):
+    """A trajectory's messages: a list, and callable too (`trajectory.messages()`, as in ART)."""
 
-    model_config = ConfigDict(extra="forbid")
-    messages: list[dict[str, Any]] = Field(default_factory=list)
+    def __call__(self) -> list[dict[str, Any]]:
+        return list(self)
+
+
+class _MessagesAndChoices:
+    """ART's `trajectory.messages_and_choices`: appending a message dict adds it to `messages`;
+    appending a completion's choice (an OpenAI SDK `Choice`) adds its message and a `Choice`
+    with the token data the reply carries (`mcprl.tokens.read_choice`)."""
+
+    def __init__(self, trajectory: Trajectory) -> None:
+        self.trajectory = trajectory
+
+    def append(self, item: Any) -> None:
+        t = self.trajectory
+        if isinstance(item, dict):
+            t.messages.append(dict(item))
+            return
+        message = getattr(item, "message", None)
+        if message is None:
+            raise TypeError(
+                f"append a message dict or a completion's choice, not {type(item).__name__}"
+            )
+        from mcprl.tokens import read_choice
+
+        keep = {"role", "content", "tool_calls", "refusal"}
+        dumped = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else {}
+        t.messages.append({k: v for k, v in dumped.items() if k in keep})
+        t.choices.append(read_choice(item, None, len(t.messages) - 1))
+
+    def extend(self, items: Iterable[Any]) -> None:
+        for item in items:
+            self.append(item)
+
+    def __iter__(self) -> Any:
+        return iter(self.trajectory.messages)
+
+    def __len__(self) -> int:
+        return len(self.trajectory.messages)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.trajectory.messages[index]
+
+
+class Trajectory(BaseModel):
+    """One attempt at a scenario.
+
+    ART's spelling works too: `Trajectory(messages_and_choices=[...], reward=0)`, then
+    `trajectory.messages_and_choices.append(completion.choices[0])` and `trajectory.messages()`.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    messages: Annotated[list[dict[str, Any]], AfterValidator(Messages)] = Field(
+        default_factory=Messages
+    )
     choices: list[Choice] = Field(default_factory=list)
     tools: list[dict[str, Any]] = Field(default_factory=list)
     reward: float | None = None
@@ -65,6 +118,15 @@ class Trajectory(BaseModel):
     metadata: dict[str, Scalar] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     timings: dict[str, float] = Field(default_factory=dict)
+
+    def __init__(self, /, messages_and_choices: Iterable[Any] | None = None, **data: Any) -> None:
+        super().__init__(**data)
+        if messages_and_choices is not None:
+            self.messages_and_choices.extend(messages_and_choices)
+
+    @property
+    def messages_and_choices(self) -> _MessagesAndChoices:
+        return _MessagesAndChoices(self)
 
     @property
     def trainable(self) -> bool:
@@ -97,13 +159,46 @@ class AttemptError(BaseModel):
 
 
 class TrajectoryGroup(BaseModel):
-    """The attempts at one scenario."""
+    """The attempts at one scenario.
+
+    `TrajectoryGroup(items)` takes an iterable of trajectories, or of awaitables that give
+    them (ART's `TrajectoryGroup(rollout(model, s) for _ in range(8))`): those are run by
+    `gather_trajectory_groups`, or by awaiting the group itself.
+    """
 
     model_config = ConfigDict(extra="forbid")
     scenario_id: str | None = None
     trajectories: list[Trajectory] = Field(default_factory=list)
     exceptions: list[AttemptError] = Field(default_factory=list)
     metadata: dict[str, Scalar] = Field(default_factory=dict)
+    _pending: list[Any] = PrivateAttr(default_factory=list)
+
+    def __init__(self, items: Iterable[Any] | None = None, /, **data: Any) -> None:
+        pending: list[Any] = []
+        if items is not None:
+            done = list(data.pop("trajectories", []))
+            for item in items:
+                (done if isinstance(item, Trajectory) else pending).append(item)
+            data["trajectories"] = done
+        super().__init__(**data)
+        self._pending = pending
+
+    @property
+    def pending(self) -> list[Any]:
+        """Attempts not run yet (awaitables given to the constructor)."""
+        return self._pending
+
+    def __len__(self) -> int:
+        return len(self.trajectories) + len(self._pending)
+
+    def __await__(self) -> Any:
+        from mcprl.gather import gather_trajectory_groups
+
+        async def run() -> TrajectoryGroup:
+            (group,) = await gather_trajectory_groups([self], progress=False)
+            return group
+
+        return run().__await__()
 
     @property
     def rewards(self) -> list[float | None]:

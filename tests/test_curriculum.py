@@ -7,14 +7,14 @@ double, so these run in seconds: what is checked is which scenarios a step draws
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from mcprl.curriculum import ScenarioSampler, is_informative
 from mcprl.scenarios import Reference, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
-from mcprl.types import Trajectory, TrajectoryGroup, write_groups
+from mcprl.types import Trajectory, TrajectoryGroup
+from tests.fakes import FakeBackend
 from tests.helpers import LocalChatServer, load_example
 
 
@@ -92,45 +92,6 @@ def _policy(body: dict) -> tuple[int, dict]:
                  "choices": [choice]}  # fmt: skip
 
 
-class RecordingBackend:
-    """Serves the scripted policy; `train` records the groups it is given."""
-
-    def __init__(self, path: Path, base_url: str) -> None:
-        self.path, self.base_url = path, base_url
-        self.trained: list[list[TrajectoryGroup]] = []
-        self.rows: list[dict] = []
-
-    def register(self, model) -> None:
-        pass
-
-    def step(self, model) -> int:
-        return len(self.trained)
-
-    def endpoint(self, model):
-        return self.base_url, "local"
-
-    async def train(self, model, groups, config, *, metrics=None, on_progress=None):
-        from mcprl.backends import TrainResult
-
-        self.trained.append(groups)
-        step = len(self.trained)
-        folder = self.path / "default" / "agent" / "trajectories" / "train"
-        write_groups(folder / f"{step:04d}.jsonl", groups)
-        skipped = not any(is_informative(g) for g in groups)
-        self.rows.append(metrics or {})
-        return TrainResult(step=step, metrics={"reward_mean": 0.0, "skipped_update": skipped})
-
-    def log(self, model, metrics, split, groups=None) -> None:
-        pass
-
-    def store(self, model):
-        class Store:
-            def history(self):
-                return [{"step": 0, "val/attempts": 1.0}]
-
-        return Store()
-
-
 @pytest.mark.anyio
 async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path):
     tie = [_scenario(f"tie{i}") for i in range(6)]
@@ -140,7 +101,7 @@ async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path)
         s.split = "val" if s.id == "val" else "train"
     calculator = load_example("calculator").server
     with LocalChatServer(_policy) as policy:
-        backend = RecordingBackend(tmp_path, policy.base_url)
+        backend = FakeBackend(tmp_path, policy.base_url)
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
         run = TrainingRun(config, calculator, backend, say=lambda _: None, progress=False)
@@ -167,7 +128,7 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
     calculator = load_example("calculator").server
     said: list[str] = []
     with LocalChatServer(_policy) as policy:
-        backend = RecordingBackend(tmp_path, policy.base_url)
+        backend = FakeBackend(tmp_path, policy.base_url)
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1.5,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
         run = TrainingRun(config, calculator, backend, say=said.append, progress=False)

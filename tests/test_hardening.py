@@ -277,9 +277,9 @@ async def _one_step(backend, marker: str, said: list[str]):
 @pytest.mark.anyio
 async def test_a_judge_that_always_fails_stops_the_run_before_training(tmp_path):
     from mcprl.errors import JudgeFailedError
-    from tests.test_curriculum import RecordingBackend
+    from tests.fakes import FakeBackend
 
-    backend = RecordingBackend(tmp_path, "")
+    backend = FakeBackend(tmp_path)
     with pytest.raises(JudgeFailedError, match=r"failed on 4 of 4 groups of step 1") as info:
         await _one_step(backend, "Task", [])
     assert "no valid scores" in str(info.value)  # the judge's own last error
@@ -288,10 +288,10 @@ async def test_a_judge_that_always_fails_stops_the_run_before_training(tmp_path)
 
 @pytest.mark.anyio
 async def test_a_group_lost_to_the_judge_is_counted_and_said(tmp_path):
-    from tests.test_curriculum import RecordingBackend
+    from tests.fakes import FakeBackend
 
     said: list[str] = []
-    backend = RecordingBackend(tmp_path, "")
+    backend = FakeBackend(tmp_path)
     summary = await _one_step(backend, "Task mixed0:", said)
     (groups,) = backend.trained
     assert {g.scenario_id for g in groups} == {"mixed1", "mixed2", "mixed3"}

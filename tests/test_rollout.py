@@ -433,22 +433,19 @@ async def test_rewards_mix_ruler_and_references_and_judge_failures_are_not_zeros
     assert kept == []
 
 
-def test_trainable_model_handles():
+@pytest.mark.anyio
+async def test_trainable_model_handles(tmp_path):
     from mcprl import TrainableModel
+    from tests.fakes import FakeBackend
 
     with pytest.raises(ValueError, match="letters, digits"):
         TrainableModel(name="bad name/../x")
     model = TrainableModel(name="agent", project="calc")
     with pytest.raises(RuntimeError, match="not registered with a backend"):
-        model.get_step()
-
-    class Backend:
-        def endpoint(self, m):
-            return "http://127.0.0.1:1234/v1", "k"
-
-        def step(self, m):
-            return 3
-
-    model.register(Backend())
-    assert model.served_name == "agent@3"
+        await model.get_step()
+    backend = FakeBackend(tmp_path, "http://127.0.0.1:1234/v1")
+    await model.register(backend)
+    assert await model.get_step() == 0 and model.served_name == "agent@0"
+    await model.train([])
+    assert await model.get_step() == 1 and model.get_inference_name() == "agent@1"
     assert str(model.openai_client().base_url) == "http://127.0.0.1:1234/v1/"

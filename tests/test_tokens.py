@@ -10,6 +10,7 @@ from mcprl.model import Model, TrainableModel
 from mcprl.rollout import RolloutConfig, rollout
 from mcprl.scenarios import Reference, Scenario
 from mcprl.tokens import TokenDataError, check_token_data, read_choice
+from tests.fakes import FakeBackend
 from tests.helpers import LocalChatServer, chat_completion, load_example
 
 pytestmark = pytest.mark.anyio
@@ -85,20 +86,7 @@ async def test_vllm_replies_pass_the_check():
         await client.close()
 
 
-class _Endpoint:
-    """Serves a `TrainableModel` from a scripted endpoint (what a backend's `endpoint` gives)."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-
-    def endpoint(self, model):
-        return self.base_url, "x"
-
-    def step(self, model) -> int:
-        return 0
-
-
-async def test_only_a_trainable_models_rollouts_ask_for_token_data():
+async def test_only_a_trainable_models_rollouts_ask_for_token_data(tmp_path):
     def finish(body: dict) -> tuple[int, dict]:
         call = {"id": "c1", "type": "function",
                 "function": {"name": "complete_task", "arguments": '{"answer": 5}'}}  # fmt: skip
@@ -111,7 +99,9 @@ async def test_only_a_trainable_models_rollouts_ask_for_token_data():
     server = load_example("calculator").server
     config = RolloutConfig(max_turns=1)
     with LocalChatServer(finish) as policy:
-        trainable = TrainableModel(name="agent").register(_Endpoint(policy.base_url))
+        trainable = await TrainableModel(name="agent").register(
+            FakeBackend(tmp_path, policy.base_url)
+        )
         trajectory = await rollout(trainable, scenario, server, config)
         plain = Model(name="baseline", base_url=policy.base_url)
         await rollout(plain, scenario, server, config)

@@ -10,27 +10,10 @@ from mcprl.cli import main
 from mcprl.errors import PreflightError
 from mcprl.scenarios import Reference, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
+from tests.fakes import FakeBackend
 from tests.helpers import LocalChatServer, chat_completion
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class NoModelBackend:
-    """Registers nothing and serves nothing: enough for the checks before any model work."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.base_url = "http://127.0.0.1:9/v1"
-        self.registered = []
-
-    def register(self, model) -> None:
-        self.registered.append(model.name)
-
-    def step(self, model) -> int:
-        return 0
-
-    def endpoint(self, model):
-        return self.base_url, "local"
 
 
 def _scenarios(n: int = 8, reference: bool = True) -> ScenarioSet:
@@ -53,7 +36,7 @@ def test_a_bad_scenario_file_fails_before_the_model_loads(tmp_path, capsys):
 
 @pytest.mark.anyio
 async def test_reference_reward_needs_references(tmp_path):
-    backend = NoModelBackend(tmp_path)
+    backend = FakeBackend(tmp_path)
     run = TrainingRun(RunConfig(reward="reference"), None, backend, say=lambda _: None)
     with pytest.raises(PreflightError, match="--reward reference needs a reference"):
         await run.prepare(_scenarios(reference=False))
@@ -64,7 +47,7 @@ async def test_reference_reward_needs_references(tmp_path):
 async def test_auto_reward_picks_ruler_without_references(tmp_path):
     with LocalChatServer(lambda body: (200, chat_completion("OK"))) as judge:
         config = RunConfig(judge="openai/j", judge_api_base=judge.base_url)
-        run = TrainingRun(config, None, NoModelBackend(tmp_path), say=lambda _: None)
+        run = TrainingRun(config, None, FakeBackend(tmp_path), say=lambda _: None)
         await run.prepare(_scenarios(reference=False))
     assert run.reward == "ruler" and run.judge.model == "openai/j"
 
@@ -74,12 +57,12 @@ async def test_auto_reward_never_trains_on_the_local_judge_alone(tmp_path, monke
     for key in ("MCPRL_JUDGE", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY",
                 "OPENROUTER_API_KEY"):  # fmt: skip
         monkeypatch.delenv(key, raising=False)
-    run = TrainingRun(RunConfig(), None, NoModelBackend(tmp_path), say=lambda _: None)
+    run = TrainingRun(RunConfig(), None, FakeBackend(tmp_path), say=lambda _: None)
     with pytest.raises(PreflightError, match="--judge MODEL") as info:
         await run.prepare(_scenarios(reference=False))
     assert "--reward ruler" in str(info.value)
     # with references, auto trains on them and needs no judge at all
-    run = TrainingRun(RunConfig(name="refs"), None, NoModelBackend(tmp_path), say=lambda _: None)
+    run = TrainingRun(RunConfig(name="refs"), None, FakeBackend(tmp_path), say=lambda _: None)
     await run.prepare(_scenarios(reference=True))
     assert run.reward == "reference" and run.judge is None
 
@@ -89,14 +72,14 @@ async def test_a_judge_that_does_not_answer_stops_the_run_before_training(tmp_pa
     refuse = {"error": {"message": "invalid api key", "type": "auth"}}
     with LocalChatServer(lambda body: (401, refuse)) as judge:
         config = RunConfig(reward="ruler", judge="openai/j", judge_api_base=judge.base_url)
-        run = TrainingRun(config, None, NoModelBackend(tmp_path), say=lambda _: None)
+        run = TrainingRun(config, None, FakeBackend(tmp_path), say=lambda _: None)
         with pytest.raises(PreflightError, match="the judge openai/j does not answer"):
             await run.prepare(_scenarios())
 
 
 @pytest.mark.anyio
 async def test_a_run_keeps_its_scenarios_and_refuses_others(tmp_path):
-    backend = NoModelBackend(tmp_path)
+    backend = FakeBackend(tmp_path)
     run = TrainingRun(RunConfig(reward="reference"), None, backend, say=lambda _: None)
     await run.prepare(_scenarios(8))
     stored = tmp_path / "default" / "agent" / "scenarios.jsonl"
@@ -115,7 +98,7 @@ async def test_scenarios_without_a_val_split_are_refused(tmp_path):
         [Scenario(id="a", task="Add 1 and 2.", difficulty=1, split="train",
                   reference=Reference(answer="3"))]
     )  # fmt: skip
-    run = TrainingRun(RunConfig(), None, NoModelBackend(tmp_path), say=lambda _: None)
+    run = TrainingRun(RunConfig(), None, FakeBackend(tmp_path), say=lambda _: None)
     with pytest.raises(PreflightError, match="need a train and a val split"):
         await run.prepare(items)
 
@@ -152,7 +135,7 @@ async def test_groups_are_judged_concurrently_and_kept_in_order():
 @pytest.mark.anyio
 async def test_a_server_with_writing_tools_is_named_before_training(tmp_path):
     said: list[str] = []
-    run = TrainingRun(RunConfig(), "example:notes", NoModelBackend(tmp_path), say=said.append)
+    run = TrainingRun(RunConfig(), "example:notes", FakeBackend(tmp_path), say=said.append)
     with pytest.raises(PreflightError):  # no scenarios given: stops after the server check
         await run.prepare()
     note = next(line for line in said if "may change the server's data" in line)

@@ -317,15 +317,15 @@ async def test_local_backend_trains_checkpoints_serves_and_resumes(tmp_path):
     from mcprl.backends import LocalBackend
 
     with LocalBackend(tmp_path / "runs") as backend:
-        model = TrainableModel(name="agent", project="p").register(backend)
-        assert model.get_step() == 0 and model.served_name == "agent@0"
+        model = await TrainableModel(name="agent", project="p").register(backend)
+        assert await model.get_step() == 0 and model.served_name == "agent@0"
         client = model.openai_client()
         ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
         at0 = await client.chat.completions.create(model="agent@0", **ask)
         base = await client.chat.completions.create(model="smollm2-135m", **ask)
         assert at0.choices[0].model_extra["token_ids"] == base.choices[0].model_extra["token_ids"]
         tok = backend._runs[("p", "agent")].trainer.tokenizer
-        result = await backend.train(model, [_make_group(tok)], TrainConfig(learning_rate=1e-3))
+        result = await model.train([_make_group(tok)], TrainConfig(learning_rate=1e-3))
         assert result.step == 1 and model.served_name == "agent@1"
         ids = [m.id for m in (await client.models.list()).data]
         assert "agent@1" in ids and "agent@0" not in ids
@@ -336,18 +336,18 @@ async def test_local_backend_trains_checkpoints_serves_and_resumes(tmp_path):
         assert (run_dir / "trajectories" / "train" / "0001.jsonl").is_file()
         history = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
         assert history[-1]["step"] == 1 and "train/loss" in history[-1]
-        backend.log(model, {"reward": 0.5})
+        await backend.log(model, {"reward": 0.5})
         updates = backend._runs[("p", "agent")].trainer.updates
 
     with LocalBackend(tmp_path / "runs") as again:
-        resumed = TrainableModel(name="agent", project="p").register(again)
-        assert resumed.get_step() == 1
+        resumed = await TrainableModel(name="agent", project="p").register(again)
+        assert await resumed.get_step() == 1
         trainer = again._runs[("p", "agent")].trainer
         assert trainer.updates == updates == 1 and trainer.optimizer.state  # optimizer restored
         await again.train(resumed, [_make_group(trainer.tokenizer)])
-        assert again.list_checkpoints(resumed) == [0, 1, 2]
-        assert again.delete_checkpoints(resumed, keep_last=1, keep_best_by="val/reward") == [0]
-        assert again.list_checkpoints(resumed) == [1, 2]  # 1 kept as best by val/reward
+        assert await again.list_checkpoints(resumed) == [0, 1, 2]
+        assert await resumed.delete_checkpoints(keep_last=1, keep_best_by="val/reward") == [0]
+        assert await again.list_checkpoints(resumed) == [1, 2]  # 1 kept as best by val/reward
 
 
 KILL_SCRIPT = """
@@ -368,13 +368,13 @@ def group(tok):
 
 async def main(path, steps):
     with LocalBackend(path) as backend:
-        model = TrainableModel(name="m", project="kill").register(backend)
+        model = await TrainableModel(name="m", project="kill").register(backend)
         tok = backend._runs[("kill", "m")].trainer.tokenizer
-        print("start", model.get_step(), backend._runs[("kill", "m")].trainer.updates, flush=True)
+        print("start", model.step, backend._runs[("kill", "m")].trainer.updates, flush=True)
         for _ in range(steps):
-            print("training", model.get_step() + 1, flush=True)
-            await backend.train(model, [group(tok)] * 2, TrainConfig(token_budget=2048))
-            print("done", model.get_step(), flush=True)
+            print("training", model.step + 1, flush=True)
+            await model.train([group(tok)] * 2, TrainConfig(token_budget=2048))
+            print("done", model.step, flush=True)
 
 anyio.run(main, sys.argv[1], int(sys.argv[2]))
 """

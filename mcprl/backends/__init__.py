@@ -1,13 +1,29 @@
-"""Backends: where a trainable model is served and trained.
+"""Backends: where a trainable model is served and trained, behind one protocol (`Backend`).
 
-`LocalBackend` runs the engine and the trainer in this process. A backend implements
-`register(model)`, `endpoint(model)`, `step(model)`, `train(model, groups, config)`,
-`list_checkpoints(model)`, `delete_checkpoints(model, ...)` and `close()`.
+- `LocalBackend`: the engine and the trainer in this process (CPU, or plain torch on CUDA).
+- `RemoteBackend(url, api_key)`: a client for `mcprl serve --train` on another machine; the
+  rollouts (and their MCP sessions) stay here, inference and training run there.
+
+The training loop, `mcprl eval` and `mcprl report` use only the `Backend` methods.
 """
 
 from __future__ import annotations
 
-from mcprl.backends._local import LocalBackend, TrainResult
+from mcprl.backends._local import LocalBackend
+from mcprl.backends._protocol import RUN_FILES, Backend, Inference, TrainResult, export_run
+from mcprl.backends._records import StoredRuns
+from mcprl.backends._remote import BackendError, RemoteBackend
 from mcprl.backends._store import RunStore
 
-__all__ = ["LocalBackend", "RunStore", "TrainResult"]
+__all__ = [
+    "RUN_FILES",
+    "Backend",
+    "BackendError",
+    "Inference",
+    "LocalBackend",
+    "RemoteBackend",
+    "RunStore",
+    "StoredRuns",
+    "TrainResult",
+    "export_run",
+]

@@ -138,6 +138,19 @@ class ScenarioSet:
             raise ScenarioFileError(f"cannot read scenario file {p}: {exc}") from exc
         except ValueError as exc:
             raise ScenarioFileError(str(exc)) from None
+        return cls._parse(lines, p)
+
+    @classmethod
+    def loads(cls, text: str, name: str = "<scenarios>") -> ScenarioSet:
+        """Parse JSONL text; errors name `name` and the line."""
+        return cls._parse(text.splitlines(), name)
+
+    def dumps(self) -> str:
+        """The set as JSONL text (what `save` writes)."""
+        return "".join(s.model_dump_json(exclude_none=True) + "\n" for s in self.scenarios)
+
+    @classmethod
+    def _parse(cls, lines: list[str], p: str | os.PathLike[str]) -> ScenarioSet:
         scenarios: list[Scenario] = []
         seen: dict[str, int] = {}
         for n, line in enumerate(lines, start=1):
@@ -164,8 +177,7 @@ class ScenarioSet:
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                for s in self.scenarios:
-                    f.write(s.model_dump_json(exclude_none=True) + "\n")
+                f.write(self.dumps())
             os.replace(tmp, p)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

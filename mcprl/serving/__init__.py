@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from mcprl.serving._engine import Completion, Engine, SamplingParams
 from mcprl.serving._models import (
@@ -64,8 +65,10 @@ class LocalServer:
         served_name: str | None = None,
         adapter_dirs: Iterable[str | Path] = (),
         device: str | None = "auto",
+        routes: Iterable[tuple[str, Any, list[str]]] = (),
     ) -> None:
-        self.api_key = api_key or secrets.token_urlsafe(32)
+        # "" requires no key (mcprl serve on loopback); None makes up a private one
+        self.api_key = api_key if api_key is not None else secrets.token_urlsafe(32)
         self.loaded = load_model(model, dtype=dtype, device=device)
         self.engine = Engine(self.loaded, max_batch_size=max_batch_size)
         self.name = served_name or model
@@ -76,6 +79,7 @@ class LocalServer:
             port=port,
             api_key=self.api_key,
             adapter_dirs=adapter_dirs,
+            routes=routes,
         )
 
     @property

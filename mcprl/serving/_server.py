@@ -50,10 +50,14 @@ from mcprl.serving._grammar import GrammarError
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "HTTPFailure",
     "ServerHandle",
+    "adapter_request",
     "allowed_hosts",
     "build_app",
     "check_bind",
+    "fail",
+    "json_body",
     "start_server",
 ]
 
@@ -81,6 +85,10 @@ def _fail(status: int, message: str, param: str | None = None) -> _HTTPError:
         415: "invalid_request_error",
     }
     return _HTTPError(status, message, kinds.get(status, "server_error"), param)
+
+
+HTTPFailure = _HTTPError  # what a handler given to `build_app(routes=...)` raises
+fail = _fail
 
 
 def clip(text: object, limit: int = _ECHO_CHARS) -> str:
@@ -117,6 +125,22 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def json_body(request: Request, limit: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """The request's JSON object body, or an `HTTPFailure` saying what is wrong with it."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise _fail(
+            415, f"send the body as Content-Type: application/json (got {clip(kind, 60)!r})"
+        )
+    try:
+        body = json.loads(await _read_body(request, limit))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _fail(400, f"the request body is not valid JSON: {clip(exc, 120)}") from exc
+    if not isinstance(body, dict):
+        raise _fail(400, f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
 def _validation_message(exc: ValidationError) -> tuple[str, str]:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"])
@@ -132,26 +156,19 @@ def build_app(
     adapter_dirs: Iterable[str | Path] = (),
     max_body_bytes: int = MAX_BODY_BYTES,
     max_n: int = MAX_N,
+    routes: Iterable[tuple[str, Any, list[str]]] = (),
 ) -> Starlette:
-    """The app; `hosts` are the `Host` names it answers to (None: any), see `allowed_hosts`."""
+    """The app; `hosts` are the `Host` names it answers to (None: any), see `allowed_hosts`.
+
+    `routes` (path, async handler, methods) are served beside the OpenAI API under the same
+    checks (host, origin, API key); a handler may raise `HTTPFailure` for an error reply."""
     hosts = frozenset(h.lower() for h in hosts) if hosts is not None else None
     roots = [Path(d).expanduser().resolve() for d in adapter_dirs]
     key = api_key.encode() if api_key else None
     max_n = min(max_n, engine.max_batch_size)
 
     async def body_of(request: Request) -> dict[str, Any]:
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind != "application/json":
-            raise _fail(
-                415, f"send the body as Content-Type: application/json (got {clip(kind, 60)!r})"
-            )
-        try:
-            body = json.loads(await _read_body(request, max_body_bytes))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _fail(400, f"the request body is not valid JSON: {clip(exc, 120)}") from exc
-        if not isinstance(body, dict):
-            raise _fail(400, f"the request body must be a JSON object, not {type(body).__name__}")
-        return body
+        return await json_body(request, max_body_bytes)
 
     def adapter_allowed(path: str) -> bool:
         real = Path(path).expanduser().resolve()
@@ -287,7 +304,11 @@ def build_app(
         if key is not None:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, b"Bearer " + key):
-                return _fail(401, "invalid or missing API key")
+                return _fail(
+                    401,
+                    "invalid or missing API key: send the key this server was started with "
+                    "(its MCPRL_API_KEY or --api-key) as 'Authorization: Bearer KEY'",
+                )
         return None
 
     def reply(exc: _HTTPError) -> JSONResponse:
@@ -317,6 +338,7 @@ def build_app(
             Route("/v1/load_lora_adapter", guarded(load_lora), methods=["POST"]),
             Route("/v1/unload_lora_adapter", guarded(unload_lora), methods=["POST"]),
             Route("/health", health, methods=["GET"]),
+            *(Route(path, guarded(handler), methods=methods) for path, handler, methods in routes),
         ]
     )
 
@@ -363,6 +385,7 @@ def start_server(
     port: int = 0,
     api_key: str | None = None,
     adapter_dirs: Iterable[str | Path] = (),
+    routes: Iterable[tuple[str, Any, list[str]]] = (),
 ) -> ServerHandle:
     """Serve in-process, in a thread (for the local backend and tests)."""
     import uvicorn
@@ -373,7 +396,12 @@ def start_server(
             s.bind((host, 0))
             port = s.getsockname()[1]
     app = build_app(
-        engine, served_name, api_key, hosts=allowed_hosts(host), adapter_dirs=adapter_dirs
+        engine,
+        served_name,
+        api_key,
+        hosts=allowed_hosts(host),
+        adapter_dirs=adapter_dirs,
+        routes=routes,
     )
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
@@ -385,3 +413,18 @@ def start_server(
             raise RuntimeError(f"the server did not start on {host}:{port}")
         time.sleep(0.02)
     return ServerHandle(server, thread, host, port)
+
+
+def adapter_request(base_url: str, api_key: str, what: str, body: dict[str, str]) -> None:
+    """POST `body` to `{base_url}/{what}_lora_adapter` (`load` or `unload`): the calls a vLLM
+    server takes too. Raises `RuntimeError` with the server's reason if it refuses."""
+    import httpx
+
+    reply = httpx.post(
+        f"{base_url}/{what}_lora_adapter",
+        json=body,
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=600,
+    )
+    if reply.status_code != 200:
+        raise RuntimeError(f"the server refused to {what} {body}: {clip(reply.text, 500)}")
