@@ -25,8 +25,9 @@ from ruler import DEFAULT_RUBRIC, JudgeError, LLMClient, Usage, extract_json
 
 if TYPE_CHECKING:
     from mcprl.backends import Inference
+    from mcprl.train import TrainingRun
 
-__all__ = ["TaskSet", "autorl_rubric", "write_task_set"]
+__all__ = ["TaskSet", "autorl_rubric", "prepare_autorl", "write_task_set"]
 
 logger = logging.getLogger(__name__)
 
@@ -198,3 +199,28 @@ async def _inputs(
         f"got {len(accepted)} of {n} distinct inputs from {llm.model} in {rounds} rounds; ask "
         "for fewer (-n), describe the task more fully, or use a stronger --generator"
     )
+
+
+async def prepare_autorl(
+    run: TrainingRun, task: str, *, n: int = 24, generator: Any = None
+) -> None:
+    """Prepare an AutoRL `run` (a `TrainingRun`): write its inputs and system prompt with
+    `generator` (default: the run's own base model) unless the run has them, make the system
+    prompt the agent's (followed by the tool rules when the run has a server), then run its
+    preflight checks."""
+    from mcprl.rollout import DEFAULT_SYSTEM_PROMPT
+
+    model, backend = run.model, run.backend
+    if await backend.read_file(model, "scenarios.jsonl") is None:
+        await model.register(backend)  # the local model may be the writer
+        written = await write_task_set(
+            task, n=n, generator=generator, inference=model.inference, seed=run.config.seed,
+            say=run.say,
+        )  # fmt: skip
+        for name, text in written.files().items():
+            await backend.write_file(model, name, text)
+    prompt = await backend.read_file(model, "system_prompt.txt") or ""
+    if run.server is not None:  # the agent loop's rules for tools come after the task's
+        prompt = f"{prompt.strip()}\n\n{DEFAULT_SYSTEM_PROMPT}"
+    run.config.rollout.system_prompt = prompt
+    await run.prepare()

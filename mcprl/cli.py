@@ -25,6 +25,7 @@ import signal
 import sys
 import textwrap
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -36,7 +37,7 @@ from mcprl import __version__
 from mcprl._defaults import configured_llm
 from mcprl.errors import MCPRLError
 from mcprl.mcp import ServerInfo, inspect_server
-from mcprl.scenarios import ScenarioSet, build_grounded, generate_scenarios
+from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_with_notes
 from mcprl.trackers import TRACKERS
 from ruler import RulerError
 
@@ -111,7 +112,10 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
     async def run() -> ScenarioSet:
         info = await inspect_server(args.server, startup_timeout=args.timeout)
         if generator is None:
-            return await _grounded(args.server, args.n, args.seed, info, args.allow_writes)
+            return await grounded_with_notes(
+                args.server, args.n, seed=args.seed, info=info, allow_writes=args.allow_writes,
+                say=_say,
+            )  # fmt: skip
         return await generate_scenarios(
             info.tools,
             info.resources,
@@ -133,20 +137,6 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
         answer = f"  → {s.reference.answer}" if s.reference and s.reference.answer else ""
         print(f"  [{s.difficulty}] {text}{answer}")
     return 0
-
-
-async def _grounded(
-    server: str, n: int, seed: int, info: ServerInfo, allow_writes: bool
-) -> ScenarioSet:
-    """Grounded generation with a progress bar, saying what was turned down and why."""
-    scenarios, report = await build_grounded(
-        server, n, seed=seed, info=info, allow_writes=allow_writes, progress=True
-    )
-    if report.skipped_tools or report.built < n or report.rejected:
-        _say(f"  {report.describe()}")
-    if report.built < n:
-        _say(f"  warning: kept the {report.built} scenarios built, fewer than the {n} asked")
-    return scenarios
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -650,27 +640,17 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mcprl.scenarios import bundled_scenarios
+    from mcprl.scenarios import scenarios_for
     from mcprl.train import TrainingRun
 
     args.project = args.project or _default_project(args.server)
     config = _run_config(args)
 
     async def make(info: ServerInfo) -> ScenarioSet:
-        bundled = bundled_scenarios(args.server)
-        generator = args.generator or configured_llm()
-        if bundled is not None and not args.generator:
-            _say(f"  using the curated scenarios for {args.server} ({bundled})")
-            return ScenarioSet.load(bundled)
-        if generator is not None:
-            _say(f"  writing {args.n} scenarios with {generator} …")
-            made = await generate_scenarios(
-                info.tools, info.resources, n=args.n, generator=generator, seed=config.seed
-            )
-        else:
-            _say(f"  no LLM configured: building {args.n} grounded scenarios on the server …")
-            made = await _grounded(args.server, args.n, config.seed, info, args.allow_writes)
-        return made.with_split(0.25, seed=config.seed)
+        return await scenarios_for(
+            args.server, info, n=args.n, generator=args.generator, seed=config.seed,
+            allow_writes=args.allow_writes, say=_say,
+        )  # fmt: skip
 
     with _backend(args) as backend:
         run = TrainingRun(
@@ -683,8 +663,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_autorl(args: argparse.Namespace) -> int:
-    from mcprl.autorl import autorl_rubric, write_task_set
-    from mcprl.rollout import DEFAULT_SYSTEM_PROMPT
+    from mcprl.autorl import autorl_rubric, prepare_autorl
     from mcprl.train import TrainingRun
 
     args.project = args.project or _default_project(args.server)
@@ -698,26 +677,7 @@ def cmd_autorl(args: argparse.Namespace) -> int:
             workdir=Path(args.path) / config.project / config.name,
         )  # fmt: skip
 
-        async def prepare() -> None:
-            model = run.model
-            if await backend.read_file(model, "scenarios.jsonl") is None:
-                await model.register(backend)  # the local model may be the writer
-                written = await write_task_set(
-                    args.task,
-                    n=args.n,
-                    generator=generator,
-                    inference=model.inference,
-                    seed=config.seed,
-                    say=_say,
-                )
-                for name, text in written.files().items():
-                    await backend.write_file(model, name, text)
-            prompt = await backend.read_file(model, "system_prompt.txt") or ""
-            if args.server is not None:  # the agent loop's rules for tools come after the task's
-                prompt = f"{prompt.strip()}\n\n{DEFAULT_SYSTEM_PROMPT}"
-            run.config.rollout.system_prompt = prompt
-            await run.prepare()
-
+        prepare = partial(prepare_autorl, run, args.task, n=args.n, generator=generator)
         summary = _train_with_ctrl_c(run, prepare)
     print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     return EXIT_INTERRUPTED if summary.interrupted else 0

@@ -17,6 +17,9 @@
   reward from references, RULER, or both with weights, and records the parts as metrics
   (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
 
+- `as_scorer(reward)`: a user's reward, a plain callable on a `TrajectoryGroup` (sync or async)
+  that returns the rewards (one number per trajectory), the scored group, or None to drop it,
+  made into the same kind of callback.
 - `ruler_score_group(group, judge)`: ART's function: RULER's scores become the rewards (the
   previous reward is kept as `metrics["independent_reward"]`).
 
@@ -44,6 +47,7 @@ __all__ = [
     "ReferenceReward",
     "RewardParts",
     "answer_matches",
+    "as_scorer",
     "calls_matched",
     "is_success",
     "reference_reward",
@@ -329,3 +333,36 @@ async def ruler_score_group(
         if debug:
             t.log(f"RULER ({judge.model}): {s.score:.2f}: {s.explanation}")
     return scored
+
+
+RewardFn = Callable[[TrajectoryGroup], Any]
+
+
+def as_scorer(reward: RewardFn) -> Callable[[TrajectoryGroup], Any]:
+    """`reward(group)` (module docstring) as an async scorer that sets `trajectory.reward`."""
+    import inspect
+
+    name = getattr(reward, "__name__", type(reward).__name__)
+
+    async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
+        if not group.trajectories:
+            return group
+        out = reward(group)
+        if inspect.isawaitable(out):
+            out = await out
+        if out is None:
+            logger.info("the reward %s dropped the group of %r", name, group.scenario_id)
+            return None
+        if isinstance(out, TrajectoryGroup):
+            return out
+        values = list(out)
+        if len(values) != len(group.trajectories):
+            raise ValueError(
+                f"the reward {name} returned {len(values)} values for a group of "
+                f"{len(group.trajectories)} attempts; return one number per attempt"
+            )
+        for t, v in zip(group.trajectories, values, strict=True):
+            t.reward = float(v)
+        return group
+
+    return score

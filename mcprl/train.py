@@ -55,7 +55,7 @@ from mcprl.evaluate import (
 )
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel
-from mcprl.rewards import ReferenceReward, scorer
+from mcprl.rewards import ReferenceReward, RewardFn, as_scorer, scorer
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet
 from mcprl.tokens import check_token_data
@@ -164,9 +164,12 @@ class TrainingRun:
         say: Callable[[str], None] | None = None,
         progress: bool = True,
         workdir: str | Path | None = None,
+        reward: Judge | RewardFn | None = None,
     ) -> None:
         """`workdir`: where the report goes when the backend keeps the run elsewhere
-        (default: `.mcprl/<project>/<name>`)."""
+        (default: `.mcprl/<project>/<name>`). `reward`: a `ruler.Judge` to rank the groups
+        with (instead of `config.judge`), or a callable on a `TrajectoryGroup` returning its
+        rewards (see `mcprl.rewards.as_scorer`); None: `config.reward` decides."""
         self.config = config
         self.server = server
         self.backend = backend
@@ -185,6 +188,7 @@ class TrainingRun:
         self.scenarios = ScenarioSet()
         self.judge: Judge | None = None
         self.reward: str = config.reward
+        self.custom_reward = reward
         self.info: ServerInfo | None = None
         self._scope: anyio.CancelScope | None = None
         self._stop = False
@@ -231,7 +235,8 @@ class TrainingRun:
         resumed = f"resuming at step {step}" if step else "a fresh LoRA at step 0"
         self.say(f"✓ model {self.config.base_model} loaded; {self.model.name}: {resumed}")
         if self.reward in ("ruler", "both"):
-            self.judge = self._make_judge()
+            given = self.custom_reward
+            self.judge = given if isinstance(given, Judge) else self._make_judge()
             await self._ping_judge()
             self.say(f"✓ judge {self.judge.model} answers")
         self.say(f"  reward: {self.reward}")
@@ -271,6 +276,10 @@ class TrainingRun:
     def _resolve_reward(self) -> str:
         with_refs = all(has_reference(s) for s in self.scenarios)
         mode = self.config.reward
+        if self.custom_reward is not None and not isinstance(self.custom_reward, Judge):
+            return "custom"
+        if isinstance(self.custom_reward, Judge) and mode == "auto":
+            mode = "both" if with_refs else "ruler"
         if mode == "auto":
             external = self.config.judge or configured_llm("MCPRL_JUDGE")
             if not with_refs and not external:
@@ -396,6 +405,8 @@ class TrainingRun:
         self._tracked = len(rows)
 
     def _scorer(self):
+        if self.reward == "custom":
+            return as_scorer(self.custom_reward)
         weights = {"reference": (1.0, 0.0), "ruler": (0.0, 1.0), "both": (0.5, 0.5)}[self.reward]
         return scorer(
             self.by_id,
@@ -604,6 +615,11 @@ def _alike_warning(groups: list[TrajectoryGroup], reward: str) -> str | None:
     if len(rewards) != 1:
         return None
     (value,) = rewards
+    if reward == "custom":
+        return (
+            f"your reward gave every attempt of this step the same value ({value:.2f}), so "
+            "there is nothing to learn from it; a reward that tells attempts apart is needed"
+        )
     if reward in ("ruler", "both"):
         return (
             f"the judge gave every attempt of this step the same score ({value:.2f}), so there "

@@ -147,3 +147,53 @@ def _summary(run: TrainingRun):
 
     return RunSummary(project="p", name="n", run_dir=str(run.run_dir), reward=run.reward,
                       judge=None, first_step=0, last_step=0, target_steps=1)  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_a_run_trains_on_a_reward_function_of_the_users(tmp_path):
+    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "tv" else "train"
+    calculator = load_example("calculator").server
+
+    async def by_position(group: TrajectoryGroup) -> list[float]:
+        return [float(i) for i in range(len(group.trajectories))]
+
+    said: list[str] = []
+    with LocalChatServer(_policy) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1,
+                           eval_every=0, write_report=False)  # fmt: skip
+        run = TrainingRun(config, calculator, backend, say=said.append, progress=False,
+                          reward=by_position)  # fmt: skip
+        await run.prepare(scenarios)
+        await run._step(_summary(run))
+        assert run.reward == "custom" and "  reward: custom" in said
+        (groups,) = backend.trained  # every group differs now: both trained
+        assert [sorted(g.rewards) for g in groups] == [[0.0, 1.0], [0.0, 1.0]]
+
+        run = TrainingRun(config.model_copy(update={"name": "bad"}), calculator, backend,
+                          say=said.append, progress=False, reward=lambda g: [1.0])  # fmt: skip
+        await run.prepare(scenarios)
+        with pytest.raises(ValueError, match="returned 1 values for a group of 2 attempts"):
+            await run._step(_summary(run))
+
+
+@pytest.mark.anyio
+async def test_a_judge_given_to_the_run_is_the_one_that_ranks(tmp_path):
+    from ruler import Judge
+    from tests.helpers import ScriptedJudge, by_content
+
+    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "tv" else "train"
+        s.reference = None
+    judge = Judge("openai/mine", completion_fn=ScriptedJudge("OK", by_content(len)), cache=False)
+    with LocalChatServer(_policy) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
+                           eval_every=0, write_report=False)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False, reward=judge)  # fmt: skip
+        await run.prepare(scenarios)
+        assert run.reward == "ruler" and run.judge is judge

@@ -3,6 +3,8 @@
 - `generate_scenarios`: an LLM (any LiteLLM model) writes tasks from the tools and resources.
 - `grounded_scenarios`: no LLM; tasks built from the input schemas and checked on the live
   server, with reference calls and answers.
+- `scenarios_for`: what a run trains on when no file is given (curated, LLM-written or
+  grounded).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from mcprl.scenarios._dedupe import Deduper, normalize
 from mcprl.scenarios._grounded import GenerationReport, build_grounded, grounded_scenarios
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
+from mcprl.scenarios._source import grounded_with_notes, scenarios_for
 from mcprl.scenarios._types import (
     Reference,
     ReferenceCall,
@@ -30,5 +33,7 @@ __all__ = [
     "bundled_scenarios",
     "generate_scenarios",
     "grounded_scenarios",
+    "grounded_with_notes",
     "normalize",
+    "scenarios_for",
 ]

@@ -1,0 +1,77 @@
+"""Which scenarios a run trains on when no file is given: `scenarios_for(server, info)`.
+
+In order: the curated set of an `example:` server (unless a generator is named); scenarios
+written by an LLM (`generator`, or a configured provider, see `mcprl._defaults`); else grounded
+scenarios built from the tool schemas and checked on the live server. The set comes back split
+into train and val.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mcprl._defaults import configured_llm
+from mcprl.scenarios._grounded import build_grounded
+from mcprl.scenarios._llm import generate_scenarios
+from mcprl.scenarios._types import ScenarioSet, bundled_scenarios
+
+__all__ = ["grounded_with_notes", "scenarios_for"]
+
+logger = logging.getLogger(__name__)
+
+
+async def grounded_with_notes(
+    server: Any,
+    n: int,
+    *,
+    seed: int = 0,
+    info: Any = None,
+    allow_writes: bool = False,
+    say: Callable[[str], None] | None = None,
+    progress: bool = True,
+) -> ScenarioSet:
+    """`build_grounded`, saying what was turned down and why, and when fewer than `n` were
+    built."""
+    say = say or logger.info
+    scenarios, report = await build_grounded(
+        server, n, seed=seed, info=info, allow_writes=allow_writes, progress=progress
+    )
+    if report.skipped_tools or report.built < n or report.rejected:
+        say(f"  {report.describe()}")
+    if report.built < n:
+        say(f"  warning: kept the {report.built} scenarios built, fewer than the {n} asked")
+    return scenarios
+
+
+async def scenarios_for(
+    server: Any,
+    info: Any,
+    *,
+    n: int = 24,
+    generator: str | None = None,
+    seed: int = 0,
+    allow_writes: bool = False,
+    val_fraction: float = 0.25,
+    say: Callable[[str], None] | None = None,
+    progress: bool = True,
+) -> ScenarioSet:
+    """The scenarios of the module docstring, for `server` as `info` (`inspect_server`) lists it."""
+    say = say or logger.info
+    bundled = bundled_scenarios(server)
+    if bundled is not None and not generator:
+        say(f"  using the curated scenarios for {server} ({bundled})")
+        return ScenarioSet.load(bundled)
+    generator = generator or configured_llm()
+    if generator is not None:
+        say(f"  writing {n} scenarios with {generator} …")
+        made = await generate_scenarios(
+            info.tools, info.resources, n=n, generator=generator, seed=seed
+        )
+    else:
+        say(f"  no LLM configured: building {n} grounded scenarios on the server …")
+        made = await grounded_with_notes(
+            server, n, seed=seed, info=info, allow_writes=allow_writes, say=say, progress=progress
+        )
+    return made.with_split(val_fraction, seed=seed)
