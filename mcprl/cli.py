@@ -686,58 +686,52 @@ def cmd_autorl(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from mcprl.evaluate import (
         EvalWriter,
+        backend_models,
         eval_scenarios,
         evaluate_models,
         format_table,
-        open_models,
     )
+    from mcprl.model import LiteLLMModel
     from mcprl.train import RunConfig, local_judge
     from ruler import Judge
 
-    _quiet_libraries()
-    _set_threads(args)
     project = args.project or _default_project(args.server)
-    scenarios = eval_scenarios(
-        args.scenarios, args.server, Path(args.path) / project, args.models, split=args.split
-    )
     given = dict(max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=args.temperature)
     config = RunConfig().rollout.model_copy(
         update={k: v for k, v in given.items() if v is not None}
     )
-    writer = EvalWriter(Path(args.output) if args.output else Path(args.path) / project / "evals")
-    _say(
-        f"evaluating {len(args.models)} model(s) on {len(scenarios)} scenarios into {writer.dir} …"
-    )
-    with open_models(
-        args.models,
-        path=Path(args.path) / project,
-        base_model=args.base_model,
-        api_base=args.api_base,
-        device=args.device,
-    ) as (models, server):
+
+    async def run(backend: Any) -> tuple[str, Path]:
+        scenarios = await eval_scenarios(
+            args.scenarios, args.server, args.models, backend=backend, project=project,
+            split=args.split,
+        )  # fmt: skip
+        models = await backend_models(
+            args.models, backend, project=project, base_model=args.base_model,
+            api_base=args.api_base,
+        )  # fmt: skip
         judge = None
         if args.judge == "local":
-            if server is None:
+            if all(isinstance(m, LiteLLMModel) for m in models):
                 raise ValueError("--judge local needs a local model (a run or 'base') to serve")
-            judge = local_judge(args.base_model, server.base_url, server.api_key)
+            where = await backend.base_inference(args.base_model)
+            judge = local_judge(where.base_name, where.base_url, where.api_key)
         elif args.judge:
             judge = Judge(args.judge, api_base=args.judge_api_base, temperature=0.0)
-        rows, groups = anyio.run(
-            lambda: evaluate_models(
-                models,
-                scenarios,
-                args.server,
-                config,
-                attempts=args.attempts,
-                seed=args.seed,
-                judge=judge,
-                max_concurrency=args.concurrency,
-                progress=not args.quiet,
-                on_model=writer.add,
-            )
-        )
-    table = format_table(rows)
-    out = writer.finish(rows, groups, table)
+        out = Path(args.output) if args.output else Path(args.path) / project / "evals"
+        writer = EvalWriter(out)
+        _say(f"evaluating {len(models)} model(s) on {len(scenarios)} scenarios into {writer.dir} …")
+        rows, groups = await evaluate_models(
+            models, scenarios, args.server, config, attempts=args.attempts, seed=args.seed,
+            judge=judge, max_concurrency=args.concurrency, progress=not args.quiet,
+            on_model=writer.add,
+        )  # fmt: skip
+        table = format_table(rows)
+        return table, writer.finish(rows, groups, table)
+
+    args.dtype = "bfloat16"
+    with _backend(args) as backend:
+        table, out = anyio.run(run, backend)
     print(table)
     print(f"\nsaved to {out}")
     return 0
@@ -871,6 +865,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--project", help="project of the runs (default: from the server)")
     ev.add_argument("--path", default=".mcprl", help="where runs live (default .mcprl)")
+    _add_backend(ev)
     ev.add_argument(
         "--base-model",
         default="smollm2-135m",

@@ -5,9 +5,8 @@ phases and `mcprl eval` share.
     groups = await score_groups(groups, scorer(...))
     metrics = summarize(groups, scenarios)   # reward, success, completed, turns, tool_errors
 
-    table = await evaluate_models(
-        [Model(...), Model(...)], scenarios, server, RolloutConfig(), judge=None
-    )
+    models = await backend_models(["agent@3", "base"], LocalBackend(), project="calc")
+    table = await evaluate_models(models, scenarios, server, RolloutConfig(), judge=None)
 
 Attempt seeds are fixed by (seed, scenario position, attempt), so two models or two checkpoints
 evaluated with the same seed meet the same sampling noise: their difference is the policy's.
@@ -17,14 +16,13 @@ left out where no scenario has one.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -41,13 +39,13 @@ from mcprl.types import TrajectoryGroup
 __all__ = [
     "EvalRow",
     "EvalWriter",
+    "backend_models",
     "collect_groups",
     "eval_scenarios",
     "evaluate_models",
     "format_table",
     "has_reference",
     "mark_success",
-    "open_models",
     "save_eval",
     "score_groups",
     "summarize",
@@ -288,115 +286,111 @@ def format_table(rows: Sequence[EvalRow]) -> str:
 # -- what `mcprl eval` evaluates, and where it writes ------------------------------------------
 
 
-def _local_run(spec: str, project_dir: Path) -> tuple[str, int | None] | None:
-    """`name@step` or `name` naming a training run in `project_dir`, else None."""
+async def _run_of(spec: str, backend: Any, project: str) -> tuple[Any, str] | None:
+    """(TrainableModel, the part after @) if `spec` names a run the backend keeps, else None."""
+    import json
+
+    from pydantic import ValidationError
+
+    from mcprl.model import TrainableModel
+
     name, _, step = spec.partition("@")
-    if not (project_dir / name / "model.json").is_file():
+    try:
+        model = TrainableModel(name=name, project=project)
+    except ValidationError:
+        return None
+    info = await backend.read_file(model, "model.json")
+    if info is None:
         return None
     if step and not step.isdigit() and step != "latest":
         raise ValueError(f"{spec!r}: the part after @ must be a step number or 'latest'")
-    return name, int(step) if step.isdigit() else None
+    model.base_model = json.loads(info).get("base_model", model.base_model)
+    return model, step
 
 
-def eval_scenarios(
+async def eval_scenarios(
     given: str | None,
     server: str,
-    project_dir: Path,
     specs: Sequence[str],
     *,
+    backend: Any,
+    project: str,
     split: str = "val",
 ) -> list[Scenario]:
     """The scenarios to evaluate on: a file, else the first named run's, else the bundled set."""
     from mcprl.scenarios import ScenarioSet, bundled_scenarios
 
-    path: Path | None = Path(given) if given else None
-    for spec in specs if path is None else ():
-        run = _local_run(spec, project_dir)
-        if run and (project_dir / run[0] / "scenarios.jsonl").is_file():
-            path = project_dir / run[0] / "scenarios.jsonl"
+    scenarios = ScenarioSet.load(given) if given else None
+    where = given
+    for spec in specs if scenarios is None else ():
+        run = await _run_of(spec, backend, project)
+        text = await backend.read_file(run[0], "scenarios.jsonl") if run else None
+        if text is not None:
+            where = f"{project}/{run[0].name}/scenarios.jsonl"
+            scenarios = ScenarioSet.loads(text, where)
             break
-    path = path or bundled_scenarios(server)
-    if path is None:
+    if scenarios is None and (bundled := bundled_scenarios(server)) is not None:
+        scenarios, where = ScenarioSet.load(bundled), str(bundled)
+    if scenarios is None:
         raise ValueError(
             "no scenarios to evaluate on: pass --scenarios FILE (write one with `mcprl scenarios`)"
         )
-    scenarios = ScenarioSet.load(path)
     chosen = list(scenarios) if split == "all" else [s for s in scenarios if s.split == split]
     if not chosen:
-        raise ValueError(f"{path} has no scenarios in the {split!r} split; try --split all")
+        raise ValueError(f"{where} has no scenarios in the {split!r} split; try --split all")
     return chosen
 
 
-@contextlib.contextmanager
-def open_models(
+async def backend_models(
     specs: Sequence[str],
+    backend: Any,
     *,
-    path: Path,
+    project: str,
     base_model: str = "smollm2-135m",
     api_base: str | None = None,
-    dtype: str = "bfloat16",
-    device: str | None = "auto",
-) -> Iterator[tuple[list[Any], Any]]:
-    """Models for `specs`; yields (models, the local `LocalServer` or None).
+) -> list[Any]:
+    """Models for `specs`, served by `backend` (any `mcprl.backends.Backend`) where it can.
 
-    A spec is `NAME[@STEP]` (a training run in the project directory `path`, latest step by
-    default), `base` or the base model's name (the local base model, no adapter), or else a
-    LiteLLM model string (`openai/gpt-4.1-mini`, `hosted_vllm/x` with `api_base`, ...). Local
-    ones share one in-process server, started only if one is named.
+    A spec is `NAME[@STEP]` (a run of `project` the backend keeps, latest step by default),
+    `base` or the base model's name (the base model, no adapter), or else a LiteLLM model string
+    (`openai/gpt-4.1-mini`, `hosted_vllm/x` with `api_base`, ...).
     """
-    from mcprl.backends import RunStore
     from mcprl.model import LiteLLMModel, Model
 
-    # per spec: (served name, adapter checkpoint or None) for a local model, None for LiteLLM
-    plan: list[tuple[str, Path | None] | None] = []
+    models: list[Any] = []
     for spec in specs:
-        run = _local_run(spec, path)
+        run = await _run_of(spec, backend, project)
         if run is not None:
-            store = RunStore(path.parent, path.name, run[0], read_only=True)
-            info = store.read_model_info() or {}
-            if info.get("base_model") != base_model:
+            model, step = run
+            if model.base_model != base_model:
                 raise ValueError(
-                    f"{spec} was trained on {info.get('base_model')!r}; pass --base-model with it"
+                    f"{spec} was trained on {model.base_model!r}; pass --base-model with it"
                 )
-            step = run[1] if run[1] is not None else store.latest_step()
-            if step is None or not store.checkpoint_path(step).is_dir():
-                raise ValueError(f"{spec}: no checkpoint for that step in {store.dir}")
-            plan.append((f"{run[0]}@{step}", store.checkpoint_path(step)))
+            await backend.register(model)
+            steps = await backend.list_checkpoints(model)
+            if step.isdigit() and int(step) not in steps:
+                raise ValueError(
+                    f"{spec}: no checkpoint for that step in {project}/{model.name} (it has "
+                    f"{', '.join(map(str, steps))})"
+                )
+            served = await backend.serve_checkpoint(
+                model, int(step) if step.isdigit() else steps[-1]
+            )
+            where = await backend.inference(model)
+            models.append(Model(name=served, base_url=where.base_url, api_key=where.api_key))
         elif spec in ("base", base_model):
-            plan.append((base_model, None))
+            where = await backend.base_inference(base_model)
+            models.append(
+                Model(name=where.base_name, base_url=where.base_url, api_key=where.api_key)
+            )
         elif "/" in spec:
-            plan.append(None)
+            models.append(LiteLLMModel(name=spec, api_base=api_base))
         else:
             raise ValueError(
-                f"{spec!r} is neither a run in {path} nor a LiteLLM model string "
+                f"{spec!r} is neither a run of project {project!r} nor a LiteLLM model string "
                 "(provider/model, e.g. openai/gpt-4.1-mini)"
             )
-    server = None
-    if any(plan):
-        from mcprl.serving import LocalServer
-
-        server = LocalServer(
-            base_model, dtype=dtype, served_name=base_model, device=device, adapter_dirs=[path]
-        )
-    try:
-        from mcprl.serving._server import adapter_request
-
-        models: list[Any] = []
-        loaded: set[str] = set()
-        for spec, local in zip(specs, plan, strict=True):
-            if local is None:
-                models.append(LiteLLMModel(name=spec, api_base=api_base))
-                continue
-            name, adapter = local
-            if adapter is not None and name not in loaded:
-                body = {"lora_name": name, "lora_path": str(adapter)}
-                adapter_request(server.base_url, server.api_key, "load", body)
-                loaded.add(name)
-            models.append(Model(name=name, base_url=server.base_url, api_key=server.api_key))
-        yield models, server
-    finally:
-        if server is not None:
-            server.close()
+    return models
 
 
 class EvalWriter:

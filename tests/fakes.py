@@ -43,6 +43,15 @@ class FakeBackend(StoredRuns):
     async def inference(self, model) -> Inference:
         return Inference(base_url=self.base_url, api_key="fake", base_name=model.base_model)
 
+    async def base_inference(self, base_model: str) -> Inference:
+        return Inference(base_url=self.base_url, api_key="fake", base_name=base_model)
+
+    async def serve_checkpoint(self, model, step: int) -> str:
+        steps = await self.list_checkpoints(model)
+        if step not in steps:
+            raise ValueError(f"{model.project}/{model.name} has no checkpoint of step {step}")
+        return f"{model.name}@{step}"
+
     async def get_step(self, model) -> int:
         return self._current_step(model)
 

@@ -152,6 +152,17 @@ async def test_every_backend_keeps_the_same_contract(kind, request, tmp_path):
     assert model.get_inference_name() == f"contract-{kind}@1"
     again = await _attempts(model, 1)  # the new checkpoint answers
     assert again.trajectories[0].trainable
+    earlier = await backend.serve_checkpoint(model, 0)  # for evaluating an earlier step
+    base = await backend.base_inference(model.base_model)
+    client = model.openai_client()
+    for name in (earlier, base.base_name):
+        reply = await client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+        assert reply.choices[0].message.content is not None
+    assert earlier == f"contract-{kind}@0" and base.base_name == "smollm2-135m"
+    with pytest.raises(ValueError, match="no checkpoint of step 9"):
+        await backend.serve_checkpoint(model, 9)
 
     await model.log([group], split="val")
     rows = await backend.history(model)
@@ -248,6 +259,17 @@ def test_mcprl_train_runs_a_step_on_a_remote_backend(remote_server, tmp_path, mo
     here = tmp_path / "calculator" / "remote"  # the records, copied for the report
     assert (here / "report.html").is_file() and (here / "history.jsonl").is_file()
     assert not (here / "checkpoints").exists()
+
+    one = tmp_path / "one.jsonl"  # evaluate both steps of the remote run, on one scenario
+    one.write_text('{"id": "x", "task": "Add 2 and 3.", "split": "val", "difficulty": 1, '
+                   '"reference": {"answer": "5"}}\n')  # fmt: skip
+    code = main(["eval", "example:calculator", "--backend", remote_server.url, "--path",
+                 str(tmp_path), "--model", "remote@0", "--model", "remote", "--scenarios",
+                 str(one), "--max-turns", "2", "--max-tokens", "32", "-q"])  # fmt: skip
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == 0, captured.err[-3000:]
+    assert "| remote@0 |" in out and "| remote@1 |" in out
 
 
 @pytest.mark.slow

@@ -154,7 +154,7 @@ def test_eval_names_what_it_cannot_find(trained, capsys):
     argv = ["eval", "example:calculator", "--path", str(trained["tmp"] / "runs"), "--model",
             "nosuchrun"]  # fmt: skip
     assert main(argv) == 1
-    assert "neither a run in" in capsys.readouterr().err
+    assert "neither a run of project" in capsys.readouterr().err
     argv[-1] = "agent@9"
     assert main(argv) == 1
     assert "no checkpoint for that step" in capsys.readouterr().err

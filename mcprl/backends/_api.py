@@ -3,6 +3,8 @@
 
     POST /backend/check        {base_model}                    -> {}
     POST /backend/register     {model}                         -> {step, base_name}
+    POST /backend/base         {base_model}                    -> {name}
+    POST /backend/serve        {model, step}                   -> {name}
     POST /backend/step         {model}                         -> {step}
     POST /backend/train        {model, step, groups, config, metrics}
                                  -> {job, state, done, total, result?}   (202 while it runs)
@@ -81,8 +83,7 @@ def backend_routes(backend: Any) -> list[tuple[str, Any, list[str]]]:
             raise fail(400, str(exc), "model") from exc
         return model
 
-    async def check(request: Request) -> JSONResponse:
-        body = await json_body(request)
+    def same_base(body: dict[str, Any]) -> None:
         wanted, served = body.get("base_model"), backend.base_model
         if served is not None and wanted != served:
             raise fail(
@@ -91,12 +92,30 @@ def backend_routes(backend: Any) -> list[tuple[str, Any, list[str]]]:
                 f"another server with --model {wanted}",
                 "base_model",
             )
+
+    async def check(request: Request) -> JSONResponse:
+        same_base(await json_body(request))
         return JSONResponse({})
 
     async def register(request: Request) -> JSONResponse:
         model = await registered(await json_body(request))
         where = await backend.inference(model)
         return JSONResponse({"step": await backend.get_step(model), "base_name": where.base_name})
+
+    async def base(request: Request) -> JSONResponse:
+        same_base(await json_body(request))
+        where = await backend.base_inference(backend.base_model)
+        return JSONResponse({"name": where.base_name})
+
+    async def serve(request: Request) -> JSONResponse:
+        body = await json_body(request)
+        model, step = await registered(body), body.get("step")
+        if not isinstance(step, int):
+            raise fail(400, "give 'step' as a whole number", "step")
+        try:
+            return JSONResponse({"name": await backend.serve_checkpoint(model, step)})
+        except ValueError as exc:
+            raise fail(404, str(exc), "step") from exc
 
     async def step(request: Request) -> JSONResponse:
         model = await registered(await json_body(request))
@@ -231,6 +250,8 @@ def backend_routes(backend: Any) -> list[tuple[str, Any, list[str]]]:
     return [
         ("/backend/check", check, ["POST"]),
         ("/backend/register", register, ["POST"]),
+        ("/backend/base", base, ["POST"]),
+        ("/backend/serve", serve, ["POST"]),
         ("/backend/step", step, ["POST"]),
         ("/backend/train", train, ["POST"]),
         ("/backend/jobs/{job}", job, ["GET"]),

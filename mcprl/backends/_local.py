@@ -44,12 +44,20 @@ TrainerFactory = Callable[[Path, LoraConfig, Path | None], Any]
 class _Run:
     model: TrainableModel
     store: RunStore
-    trainer: Any
     step: int
+    load_trainer: Callable[[], Any]
+    _trainer: Any = None
 
     @property
     def served(self) -> str:
         return f"{self.model.name}@{self.step}"
+
+    @property
+    def trainer(self) -> Any:
+        """Loaded on first use: serving or evaluating a run needs no trainer."""
+        if self._trainer is None:
+            self._trainer = self.load_trainer()
+        return self._trainer
 
 
 class LocalBackend(StoredRuns):
@@ -80,6 +88,7 @@ class LocalBackend(StoredRuns):
         self._server: Any = None
         self._base: str | None = None
         self._runs: dict[tuple[str, str], _Run] = {}
+        self._extra: set[str] = set()  # earlier checkpoints served by `serve_checkpoint`
 
     # -- Backend -------------------------------------------------------------------------------
 
@@ -104,11 +113,30 @@ class LocalBackend(StoredRuns):
 
     async def inference(self, model: TrainableModel) -> Inference:
         self._run(model)
+        return await self.base_inference(model.base_model)
+
+    async def base_inference(self, base_model: str) -> Inference:
+        await anyio.to_thread.run_sync(self._ensure_server, base_model)
         return Inference(
             base_url=self._server.base_url,
             api_key=self._server.api_key or "EMPTY",
             base_name=self._base,
         )
+
+    async def serve_checkpoint(self, model: TrainableModel, step: int) -> str:
+        run = self._run(model)
+        if step == run.step:
+            return run.served
+        if step not in run.store.steps():
+            raise ValueError(
+                f"{model.project}/{model.name} has no checkpoint of step {step}; it has "
+                f"{', '.join(map(str, run.store.steps())) or 'none'}"
+            )
+        name = f"{model.name}@{step}"
+        if name not in self._extra:
+            await self._load(name, run.store.checkpoint_path(step))
+            self._extra.add(name)
+        return name
 
     async def get_step(self, model: TrainableModel) -> int:
         return self._run(model).step
@@ -133,6 +161,7 @@ class LocalBackend(StoredRuns):
         engine = self._server.engine
 
         def work() -> dict[str, float]:
+            run.trainer  # noqa: B018  (loaded before inference pauses)
             with engine.paused():
                 logger.info("training step %d of %s", step, run.served)
                 out = run.trainer.step(groups, config, on_progress)
@@ -142,6 +171,8 @@ class LocalBackend(StoredRuns):
                 return out
 
         with anyio.CancelScope(shield=True):
+            if run.store.read_only:  # the first step of a resumed run: now it writes
+                run.store = RunStore(self.path, model.project, model.name)
             run.store.write_trajectories("train", step, groups)  # nothing is lost
             result = await anyio.to_thread.run_sync(work)
             previous = run.served
@@ -200,7 +231,8 @@ class LocalBackend(StoredRuns):
         )
 
     def _open_run(self, model: TrainableModel) -> _Run:
-        """Check `model` against what is stored, load its trainer, checkpoint step 0 if new."""
+        """Check `model` against what is stored; a new run gets its trainer and checkpoint 0,
+        a resumed one loads its trainer when it first trains."""
         lora = LoraConfig(**model.config.get("lora", {}))
         # nothing is written until the model has loaded: a mistyped name leaves no trace
         info = RunStore(self.path, model.project, model.name, read_only=True).read_model_info()
@@ -218,23 +250,30 @@ class LocalBackend(StoredRuns):
                 f"--lora-r {stored.r} --lora-alpha {stored.alpha}, or start a new run with --name"
             )
         self._ensure_server(model.base_model)
-        store = RunStore(self.path, model.project, model.name)
+        # a run with checkpoints is only read until it trains here: evaluating a run that
+        # another process trains leaves that process's unpublished checkpoint alone
+        store = RunStore(self.path, model.project, model.name, read_only=info is not None)
+        latest = store.latest_step()
+        if latest is None and store.read_only:
+            store = RunStore(self.path, model.project, model.name)
         if info is None:
             store.write_model_info({"base_model": model.base_model, "lora": lora.model_dump()})
-        latest = store.latest_step()
         from mcprl.serving import resolve_model
 
         base_path = Path(resolve_model(model.base_model))
         if latest is None:
             trainer = self._make_trainer(base_path, lora, None)
             store.write_checkpoint(0, trainer.save, {"base_model": model.base_model})
-            latest = 0
-        else:
+            return _Run(model, store, 0, lambda: trainer, trainer)
+
+        def resume() -> Any:
             checkpoint = store.checkpoint_path(latest)
             trainer = self._make_trainer(base_path, stored, checkpoint)
             trainer.load_state(checkpoint)
             logger.info("resuming %s/%s at step %d", model.project, model.name, latest)
-        return _Run(model, store, trainer, latest)
+            return trainer
+
+        return _Run(model, store, latest, resume)
 
     async def _adapter_call(self, what: str, body: dict[str, str]) -> None:
         from mcprl.serving._server import adapter_request

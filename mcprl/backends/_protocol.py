@@ -95,6 +95,15 @@ class Backend(Protocol):
 
     async def inference(self, model: TrainableModel) -> Inference: ...
 
+    async def base_inference(self, base_model: str) -> Inference:
+        """The endpoint serving `base_model` itself, without an adapter (started if need be)."""
+        ...
+
+    async def serve_checkpoint(self, model: TrainableModel, step: int) -> str:
+        """Serve checkpoint `step` of a registered model beside its latest one (for evaluating
+        an earlier step); return the name it is served as, `name@step`."""
+        ...
+
     async def get_step(self, model: TrainableModel) -> int: ...
 
     async def train(

@@ -92,6 +92,13 @@ class RemoteBackend:
             raise RuntimeError(f"model {model.name!r} is not registered with this backend")
         return Inference(base_url=f"{self.url}/v1", api_key=self.api_key, base_name=base_name)
 
+    async def base_inference(self, base_model: str) -> Inference:
+        reply = await self._call("base", {"base_model": base_model})
+        return Inference(base_url=f"{self.url}/v1", api_key=self.api_key, base_name=reply["name"])
+
+    async def serve_checkpoint(self, model: TrainableModel, step: int) -> str:
+        return (await self._call("serve", {"model": _model(model), "step": step}))["name"]
+
     async def get_step(self, model: TrainableModel) -> int:
         return int((await self._call("step", {"model": _model(model)}))["step"])
 

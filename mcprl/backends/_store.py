@@ -49,6 +49,7 @@ class RunStore:
         unpublished checkpoints alone; a writer clears what a killed process left behind."""
         self.dir = Path(root) / project / model
         self.checkpoints_dir = self.dir / "checkpoints"
+        self.read_only = read_only
         if read_only:
             return
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
