@@ -158,7 +158,7 @@ def bench_transformers_serve(dtype: str, ks: list[int], tokens: int, repeats: in
 def agent_workload(dtype: str, device: str, attempts: int, scenarios: int) -> dict:
     """One training step's rollouts against the calculator over HTTP; returns the numbers."""
     import mcprl
-    from mcprl.evaluate import collect_groups
+    from mcprl.collect import collect_groups
     from mcprl.model import Model
     from mcprl.rollout import RolloutConfig
     from mcprl.scenarios import ScenarioSet

@@ -1,17 +1,12 @@
-"""Rolling out scenario sets, scoring them, and summarising the result: what the training loop's
-phases and `mcprl eval` share.
-
-    groups = await collect_groups(model, scenarios, server, RolloutConfig(), attempts=2, seed=0)
-    groups = await score_groups(groups, scorer(...))
-    metrics = summarize(groups, scenarios)   # reward, success, completed, turns, tool_errors
+"""Evaluating models side by side on a scenario set: what `mcprl eval` does.
 
     models = await backend_models(["agent@3", "base"], LocalBackend(), project="calc")
-    table = await evaluate_models(models, scenarios, server, RolloutConfig(), judge=None)
+    rows, groups = await evaluate_models(models, scenarios, server, RolloutConfig())
+    print(format_table(rows))
 
-Attempt seeds are fixed by (seed, scenario position, attempt), so two models or two checkpoints
-evaluated with the same seed meet the same sampling noise: their difference is the policy's.
-`success` is the share of attempts whose answer (or calls) match the scenario's reference; it is
-left out where no scenario has one.
+Every model meets the same scenarios and the same sampling seeds (`mcprl.collect`), so their
+difference is the policy's. Collecting and scoring rollouts live in `mcprl.collect`; their
+names are re-exported here.
 """
 
 from __future__ import annotations
@@ -20,19 +15,23 @@ import json
 import logging
 import math
 import re
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import anyio
 from pydantic import BaseModel
 
-from mcprl.gather import gather_groups
-from mcprl.rewards import ReferenceReward, is_success, reward_parts
-from mcprl.rollout import RolloutConfig, rollout
+from mcprl.collect import (
+    collect_groups,
+    has_reference,
+    mark_success,
+    score_groups,
+    summarize,
+)
+from mcprl.rewards import ReferenceReward, reward_parts
+from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario
 from mcprl.types import TrajectoryGroup
 
@@ -52,125 +51,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# seeds of attempt a at scenario i are spaced so that per-turn seeds (seed + turn) never meet
-SEED_STRIDE = 1000
-
-
-def has_reference(s: Scenario | None) -> bool:
-    return bool(s and s.reference and (s.reference.answer is not None or s.reference.calls))
-
-
-async def collect_groups(
-    model: Any,
-    scenarios: Sequence[Scenario],
-    server: Any,
-    config: RolloutConfig,
-    *,
-    attempts: int,
-    seed: int,
-    max_concurrency: int = 8,
-    max_exceptions: int | float = 0.25,
-    desc: str = "rollouts",
-    progress: bool = True,
-) -> list[TrajectoryGroup]:
-    """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order."""
-    async with model.openai_client() as client:
-
-        def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
-            cfg = config.model_copy(update={"seed": seed + (i * attempts + a) * SEED_STRIDE})
-            return lambda: rollout(model, scenario, server, cfg, client=client)
-
-        return await gather_groups(
-            [[attempt(s, i, a) for a in range(attempts)] for i, s in enumerate(scenarios)],
-            max_concurrency=max_concurrency,
-            max_exceptions=max_exceptions,
-            desc=desc,
-            progress=progress,
-            scenario_ids=[s.id for s in scenarios],
-        )
-
-
-async def score_groups(
-    groups: list[TrajectoryGroup],
-    score: Callable[[TrajectoryGroup], Any],
-    *,
-    desc: str = "judging",
-    progress: bool = True,
-) -> list[TrajectoryGroup]:
-    """Apply a `mcprl.rewards.scorer` to every group at once (a judge's own concurrency limit
-    applies; a local judge's requests share the engine's batch), dropping what it drops; the
-    groups stay in order."""
-    from tqdm.auto import tqdm
-
-    results: list[TrajectoryGroup | None] = [None] * len(groups)
-    errors: list[Exception] = []
-    with tqdm(total=len(groups), desc=desc, disable=not progress, leave=False) as bar:
-
-        async def one(i: int) -> None:
-            try:
-                results[i] = await score(groups[i])
-            except Exception as exc:  # raised as itself below, not in an exception group
-                errors.append(exc)
-            bar.update()
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(groups)):
-                tg.start_soon(one, i)
-    if errors:
-        raise errors[0]
-    return [g for g in results if g is not None]
-
-
-def mark_success(groups: list[TrajectoryGroup], scenarios: dict[str, Scenario]) -> None:
-    """Set `metrics["success"]` on attempts at scenarios with a reference."""
-    for g in groups:
-        scenario = scenarios.get(g.scenario_id or "")
-        if not has_reference(scenario):
-            continue
-        for t in g.trajectories:
-            t.metrics["success"] = float(is_success(t, scenario))
-
-
-# per-attempt metrics averaged by `summarize`, where present
-_MEANS = (
-    "completed",
-    "turns",
-    "tool_calls",
-    "tool_errors",
-    "reward_ruler",
-    "reward_answer",
-    "reward_calls",
-    "reward_reported",
-    "repeated_calls",
-)
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def summarize(
-    groups: list[TrajectoryGroup], scenarios: Sequence[Scenario] | dict[str, Scenario]
-) -> dict[str, float]:
-    """Means over all attempts: reward, success (where references exist), turns, errors."""
-    by_id = scenarios if isinstance(scenarios, dict) else {s.id: s for s in scenarios}
-    mark_success(groups, by_id)
-    attempts = [t for g in groups for t in g.trajectories]
-    rewards = [t.reward for t in attempts if t.reward is not None]
-    out: dict[str, float] = {"attempts": float(len(attempts))}
-    out["failed_attempts"] = float(sum(len(g.exceptions) for g in groups))
-    if rewards:
-        out["reward"] = _mean(rewards)
-        out["reward_std"] = statistics.pstdev(rewards)
-    success = [t.metrics["success"] for t in attempts if "success" in t.metrics]
-    if success:
-        out["success"] = _mean(success)
-    for key in _MEANS:
-        values = [t.metrics[key] for t in attempts if key in t.metrics]
-        if values:
-            out[key] = _mean(values)
-    return out
 
 
 class EvalRow(BaseModel):

@@ -223,7 +223,7 @@ class TrainableModel(BaseModel):
     ) -> None:
         """Record `groups` (their reward, success and turn counts) and `metrics` for `split` at
         the current step (`step`, where given, must be it)."""
-        from mcprl.evaluate import summarize
+        from mcprl.collect import summarize
 
         groups = list(groups) if groups is not None else None
         current = await self.get_step()

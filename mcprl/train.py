@@ -43,9 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcprl._defaults import configured_llm
 from mcprl.backends._protocol import Backend, export_run
-from mcprl.curriculum import ScenarioSampler, is_informative
-from mcprl.errors import JudgeFailedError, PreflightError
-from mcprl.evaluate import (
+from mcprl.collect import (
     SEED_STRIDE,
     collect_groups,
     has_reference,
@@ -53,6 +51,8 @@ from mcprl.evaluate import (
     score_groups,
     summarize,
 )
+from mcprl.curriculum import ScenarioSampler, is_informative
+from mcprl.errors import JudgeFailedError, PreflightError
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel
 from mcprl.rewards import ReferenceReward, RewardFn, as_scorer, scorer

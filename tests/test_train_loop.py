@@ -112,7 +112,7 @@ def test_config_refuses_groups_of_one():
 async def test_groups_are_judged_concurrently_and_kept_in_order():
     import anyio
 
-    from mcprl.evaluate import score_groups
+    from mcprl.collect import score_groups
     from mcprl.types import TrajectoryGroup
 
     started = 0
