@@ -576,7 +576,19 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _backend(args: argparse.Namespace):
-    """The backend `--backend` names: this process (`local`, the default) or a server's URL."""
+    """The backend `--backend` names: this process (`local`, the default), `vllm`, or the URL
+    of `mcprl serve --train`."""
+    if args.backend == "vllm":
+        from mcprl.backends import VLLMBackend
+
+        _quiet_libraries()
+        _set_threads(args)
+        where = args.vllm_url or "a `vllm serve` started here"
+        _say(f"  inference on vLLM ({where}), training with peft here")
+        return VLLMBackend(
+            args.path, vllm_url=args.vllm_url, api_key=args.api_key, sleep_mode=args.vllm_sleep,
+            train_dtype=args.dtype, device=args.device,
+        )  # fmt: skip
     if args.backend and args.backend != "local":
         from mcprl.backends import RemoteBackend
 
@@ -595,14 +607,25 @@ def _add_backend(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backend",
         default="local",
-        metavar="local|URL",
-        help="where the model is served and trained: local (this process, the default) or "
-        "the URL of `mcprl serve --train` on another machine (e.g. http://gpu-box:8000); "
-        "rollouts and their MCP sessions stay here",
+        metavar="local|vllm|URL",
+        help="where the model is served and trained: local (this process, the default), vllm "
+        "(vLLM serves, peft trains here: a GPU machine), or the URL of `mcprl serve --train` on "
+        "another machine (e.g. http://gpu-box:8000); rollouts and MCP sessions stay here",
     )
     p.add_argument(
         "--api-key",
-        help="the remote backend's key (default: $MCPRL_API_KEY; a flag is visible in `ps`)",
+        help="the remote backend's key (default: $MCPRL_API_KEY), or with --backend vllm the "
+        "vLLM server's (default: $VLLM_API_KEY); a flag is visible in `ps`",
+    )
+    p.add_argument(
+        "--vllm-url",
+        help="with --backend vllm: attach to this running vLLM server (it must read the "
+        "adapters under --path at the same absolute path) instead of starting one",
+    )
+    p.add_argument(
+        "--vllm-sleep",
+        action="store_true",
+        help="with --backend vllm: put vLLM to sleep while a step trains (one shared GPU)",
     )
 
 

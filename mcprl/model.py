@@ -182,7 +182,15 @@ class TrainableModel(BaseModel):
             loop = None
         client, owner = self._client
         if client is None or client.is_closed() or owner is not loop:
-            client = AsyncOpenAI(base_url=where.base_url, api_key=where.api_key, max_retries=2)
+            import httpx
+
+            from mcprl.tokens import per_choice_transport
+
+            # a choice alone carries its prompt's token ids, whatever the server's dialect
+            http = httpx.AsyncClient(transport=per_choice_transport(), timeout=600)
+            client = AsyncOpenAI(
+                base_url=where.base_url, api_key=where.api_key, max_retries=2, http_client=http
+            )
             self._client = (client, loop)
         return client
 

@@ -10,10 +10,13 @@ log-probabilities. Servers give them in different places:
   prompt's ids at the top level (`prompt_token_ids`), the choice's `token_ids`, and
   `logprobs.content[i].logprob` with tokens spelled `token_id:N`.
 
-`TOKEN_REQUEST` holds the request fields that ask for all of it; both servers accept them.
-`read_choice(choice, response, index)` reads either dialect into a `Choice`. `check_token_data`
-asks an endpoint once and raises `TokenDataError` if its replies could not be trained on, so a
-run never trains on nothing in silence.
+`per_choice_transport()` is an HTTP transport for the OpenAI client that copies vLLM's
+top-level `prompt_token_ids` into each choice, so that a choice alone (what ART's loops append
+to a trajectory) carries everything a trainer needs. `TOKEN_REQUEST` holds the request fields
+that ask for all of it; both servers accept them. `read_choice(choice, response, index)` reads
+either dialect into a `Choice`. `check_token_data` asks an endpoint once and raises
+`TokenDataError` if its replies could not be trained on, so a run never trains on nothing in
+silence.
 """
 
 from __future__ import annotations
@@ -23,7 +26,13 @@ from typing import Any
 from mcprl.errors import MCPRLError
 from mcprl.types import Choice
 
-__all__ = ["TOKEN_REQUEST", "TokenDataError", "check_token_data", "read_choice"]
+__all__ = [
+    "TOKEN_REQUEST",
+    "TokenDataError",
+    "check_token_data",
+    "per_choice_transport",
+    "read_choice",
+]
 
 # keyword arguments for `client.chat.completions.create` that ask for token data
 TOKEN_REQUEST: dict[str, Any] = {
@@ -105,3 +114,38 @@ async def check_token_data(client: Any, served: str) -> None:
             "(the local backend, `mcprl serve`) or with vLLM, which returns them when asked "
             "(mcprl asks with return_token_ids, logprobs and return_tokens_as_token_ids)"
         )
+
+
+def per_choice_transport() -> Any:
+    """An `httpx.AsyncBaseTransport` (module docstring) for `AsyncOpenAI(http_client=...)`."""
+    import json
+
+    import httpx
+
+    class PerChoice(httpx.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.inner = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            response = await self.inner.handle_async_request(request)
+            if not request.url.path.endswith("/chat/completions") or response.status_code != 200:
+                return response
+            body = await response.aread()
+            try:
+                data = json.loads(body)
+            except ValueError:
+                data = None
+            prompt = data.get("prompt_token_ids") if isinstance(data, dict) else None
+            if prompt is None:
+                return httpx.Response(response.status_code, headers=response.headers,
+                                      content=body)  # fmt: skip
+            for choice in data.get("choices") or []:
+                choice.setdefault("prompt_token_ids", prompt)
+            headers = {k: v for k, v in response.headers.items()
+                       if k.lower() not in ("content-length", "content-encoding")}  # fmt: skip
+            return httpx.Response(response.status_code, headers=headers, json=data)
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    return PerChoice()

@@ -3,6 +3,7 @@
 - `LocalBackend`: the engine and the trainer in this process (CPU, or plain torch on CUDA).
 - `RemoteBackend(url, api_key)`: a client for `mcprl serve --train` on another machine; the
   rollouts (and their MCP sessions) stay here, inference and training run there.
+- `VLLMBackend`: vLLM serves (started here, or attached by URL), peft trains on CUDA.
 
 The training loop, `mcprl eval` and `mcprl report` use only the `Backend` methods.
 """
@@ -14,6 +15,7 @@ from mcprl.backends._protocol import RUN_FILES, Backend, Inference, TrainResult,
 from mcprl.backends._records import StoredRuns
 from mcprl.backends._remote import BackendError, RemoteBackend
 from mcprl.backends._store import RunStore
+from mcprl.backends._vllm import VLLMBackend, VLLMServer
 
 __all__ = [
     "RUN_FILES",
@@ -25,5 +27,7 @@ __all__ = [
     "RunStore",
     "StoredRuns",
     "TrainResult",
+    "VLLMBackend",
+    "VLLMServer",
     "export_run",
 ]

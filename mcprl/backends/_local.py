@@ -12,7 +12,8 @@ base model's. A training step writes its trajectories first, pauses inference, t
 the checkpoint atomically, then loads it into the server as `name@step` and unloads the
 previous adapter, both through the server's HTTP adapter endpoints (`/v1/load_lora_adapter`,
 the calls a vLLM server takes). `trainer=` replaces the LoRA trainer (a callable
-`(base_path, lora, adapter_path) -> trainer` with `step`, `save` and `load_state`).
+`(base_path, lora, adapter_path) -> trainer` with `step`, `save` and `load_state`);
+`inference=` replaces the server (`VLLMBackend` puts a vLLM server there).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class LocalBackend(StoredRuns):
         max_batch_size: int = 32,
         device: str | None = "auto",
         trainer: TrainerFactory | None = None,
+        inference: Callable[[str, Sequence[Any]], Any] | None = None,
     ) -> None:
         """`api_key`: what the endpoint requires (default: a random key known to this process
         only; "" for none); `host`/`port`: where it listens (default: loopback, a free port)."""
@@ -85,6 +87,8 @@ class LocalBackend(StoredRuns):
         self.host, self.port, self.max_batch_size = host, port, max_batch_size
         self._api_key = api_key
         self._make_trainer = trainer or self._lora_trainer
+        # (base model, extra routes) -> the inference server: base_url, api_key, paused(), close()
+        self._make_server = inference or self._local_server
         self._server: Any = None
         self._base: str | None = None
         self._runs: dict[tuple[str, str], _Run] = {}
@@ -158,11 +162,11 @@ class LocalBackend(StoredRuns):
         config = config or TrainConfig()
         run = self._run(model)
         step = run.step + 1
-        engine = self._server.engine
+        server = self._server
 
         def work() -> dict[str, float]:
             run.trainer  # noqa: B018  (loaded before inference pauses)
-            with engine.paused():
+            with server.paused():
                 logger.info("training step %d of %s", step, run.served)
                 out = run.trainer.step(groups, config, on_progress)
                 started = time.perf_counter()
@@ -282,27 +286,31 @@ class LocalBackend(StoredRuns):
         await anyio.to_thread.run_sync(adapter_request, server.base_url, server.api_key, what, body)
 
     async def _load(self, name: str, path: Path) -> None:
-        await self._adapter_call("load", {"lora_name": name, "lora_path": str(path)})
+        # absolute: another process (a vLLM server) reads it
+        await self._adapter_call("load", {"lora_name": name, "lora_path": str(path.resolve())})
 
     async def _unload(self, name: str) -> None:
         await self._adapter_call("unload", {"lora_name": name})
 
+    def _local_server(self, base_model: str, routes: Sequence[Any]) -> Any:
+        from mcprl.serving import LocalServer
+
+        return LocalServer(
+            base_model,
+            dtype=self.inference_dtype,
+            device=self.device,
+            host=self.host,
+            port=self.port,
+            api_key=self._api_key,
+            max_batch_size=self.max_batch_size,
+            served_name=base_model,
+            adapter_dirs=[self.path],
+            routes=routes,
+        )
+
     def _ensure_server(self, base_model: str, routes: Sequence[Any] = ()) -> Any:
         if self._server is None:
-            from mcprl.serving import LocalServer
-
-            self._server = LocalServer(
-                base_model,
-                dtype=self.inference_dtype,
-                device=self.device,
-                host=self.host,
-                port=self.port,
-                api_key=self._api_key,
-                max_batch_size=self.max_batch_size,
-                served_name=base_model,
-                adapter_dirs=[self.path],
-                routes=routes,
-            )
+            self._server = self._make_server(base_model, routes)
             self._base = base_model
         elif base_model != self._base:
             raise ValueError(

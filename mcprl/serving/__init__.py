@@ -86,6 +86,10 @@ class LocalServer:
     def base_url(self) -> str:
         return self.handle.base_url
 
+    def paused(self) -> Any:
+        """A context in which the engine decodes nothing (a training step holds the model)."""
+        return self.engine.paused()
+
     def close(self) -> None:
         self.handle.stop()
         self.engine.close()
