@@ -136,10 +136,11 @@ def per_choice_transport() -> Any:
             except ValueError:
                 data = None
             prompt = data.get("prompt_token_ids") if isinstance(data, dict) else None
-            if prompt is None:
+            choices = data.get("choices") or [] if prompt is not None else []
+            if not any("prompt_token_ids" not in c for c in choices):  # nothing to copy
                 return httpx.Response(response.status_code, headers=response.headers,
                                       content=body)  # fmt: skip
-            for choice in data.get("choices") or []:
+            for choice in choices:
                 choice.setdefault("prompt_token_ids", prompt)
             headers = {k: v for k, v in response.headers.items()
                        if k.lower() not in ("content-length", "content-encoding")}  # fmt: skip
