@@ -121,8 +121,8 @@ def backend_routes(backend: Any) -> list[tuple[str, Any, list[str]]]:
         model = await registered(await json_body(request))
         return JSONResponse({"step": await backend.get_step(model)})
 
-    def finished(model: TrainableModel, step: int) -> dict[str, Any]:
-        rows = backend.store(model).history()
+    async def finished(model: TrainableModel, step: int) -> dict[str, Any]:
+        rows = await backend.history(model)
         row = next((r for r in reversed(rows) if r.get("step") == step), {})
         metrics = {k.removeprefix("train/"): v for k, v in row.items() if k.startswith("train/")}
         return {"step": step, "metrics": metrics}
@@ -137,7 +137,9 @@ def backend_routes(backend: Any) -> list[tuple[str, Any, list[str]]]:
         if not isinstance(expected, int):
             raise fail(400, "give 'step', the step the groups were rolled out at", "step")
         if current == expected + 1:  # trained already: the reply was lost, or a retry
-            return JSONResponse({"job": None, "state": "done", "result": finished(model, current)})
+            return JSONResponse(
+                {"job": None, "state": "done", "result": await finished(model, current)}
+            )
         if current != expected:
             raise fail(
                 409,
@@ -237,14 +239,15 @@ def backend_routes(backend: Any) -> list[tuple[str, Any, list[str]]]:
     async def download(request: Request) -> Response:
         body = await json_body(request)
         model, step = await registered(body), body.get("step")
-        store = backend.store(model)
-        if not isinstance(step, int) or step not in store.steps():
-            raise fail(
-                404, f"{model.project}/{model.name} has no checkpoint of step {step}", "step"
-            )
+        if not isinstance(step, int):
+            raise fail(400, "give 'step' as a whole number", "step")
+        try:
+            path = backend.checkpoint(model, step)
+        except ValueError as exc:
+            raise fail(404, str(exc), "step") from exc
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
-            tar.add(store.checkpoint_path(step), arcname=".")
+            tar.add(path, arcname=".")
         return Response(buffer.getvalue(), media_type="application/x-tar")
 
     return [

@@ -131,14 +131,10 @@ class LocalBackend(StoredRuns):
         run = self._run(model)
         if step == run.step:
             return run.served
-        if step not in run.store.steps():
-            raise ValueError(
-                f"{model.project}/{model.name} has no checkpoint of step {step}; it has "
-                f"{', '.join(map(str, run.store.steps())) or 'none'}"
-            )
+        path = self.checkpoint(model, step)
         name = f"{model.name}@{step}"
         if name not in self._extra:
-            await self._load(name, run.store.checkpoint_path(step))
+            await self._load(name, path)
             self._extra.add(name)
         return name
 

@@ -85,14 +85,19 @@ class StoredRuns:
             store.delete_checkpoint(s)
         return deleted
 
-    async def download_checkpoint(self, model: TrainableModel, step: int, dest: Path) -> Path:
+    def checkpoint(self, model: TrainableModel, step: int) -> Path:
+        """The directory of checkpoint `step`, or a `ValueError` naming the steps there are."""
         store = self._reader(model)
-        if step not in store.steps():
+        steps = store.steps()
+        if step not in steps:
             raise ValueError(
                 f"{model.project}/{model.name} has no checkpoint of step {step}; it has "
-                f"{', '.join(map(str, store.steps())) or 'none'}"
+                f"{', '.join(map(str, steps)) or 'none'}"
             )
-        shutil.copytree(store.checkpoint_path(step), dest)
+        return store.checkpoint_path(step)
+
+    async def download_checkpoint(self, model: TrainableModel, step: int, dest: Path) -> Path:
+        shutil.copytree(self.checkpoint(model, step), dest)
         return Path(dest)
 
     async def local_dir(self, model: TrainableModel) -> Path | None:

@@ -17,6 +17,7 @@ finished is not trained twice (see `mcprl.backends._api`).
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import tarfile
@@ -225,8 +226,6 @@ class RemoteBackend:
         headers = {"Authorization": f"Bearer {self.api_key}"}
         content = None
         if body is not None:
-            import json
-
             content = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         deadline, wait, warned = time.monotonic() + self.retry_for, 0.5, False
