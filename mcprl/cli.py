@@ -522,9 +522,16 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument(
         "--scale-rewards",
-        action=argparse.BooleanOptionalAction,
-        help="divide advantages by the group's reward std "
-        f"(default {'on' if d.train.scale_rewards else 'off'})",
+        choices=["group", "batch", "none"],
+        help="divide advantages by the reward std of their group (GRPO), of the step's groups "
+        f"(batch), or not at all (none, Dr. GRPO) (default {d.train.scale_rewards})",
+    )
+    t.add_argument(
+        "--no-scale-rewards",
+        dest="scale_rewards",
+        action="store_const",
+        const="none",
+        help="the same as --scale-rewards none",
     )
     t.add_argument("--lora-r", type=int, help=f"LoRA rank, new runs only (default {d.lora.r})")
     t.add_argument(

@@ -339,43 +339,70 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-async def build(name: str, templates: list[Template], n: int, seed: int) -> ScenarioSet:
+async def _scenario(name: str, template: Template, rng: random.Random) -> Scenario:
+    """One task from `template`, its reference recorded from the live server."""
+    task, level, calls, pick = template(rng)
+    results: list[Any] = []
+    ref_calls = []
+    async with open_session(f"example:{name}") as session:
+        for tool, args in calls:
+            args = _resolve(args, results)
+            result = await session.call_tool(tool, args)
+            if result.is_error:
+                raise RuntimeError(f"{name}: {tool}({args}) failed: {result.text}")
+            results.append(json.loads(result.text) if result.text[:1] in "{[" else float(result.text))
+            ref_calls.append(ReferenceCall(tool=tool, arguments=args, result=result.text))
+    answer = pick(results)
+    numeric = isinstance(answer, (int, float))
+    digest = hashlib.sha256(task.encode()).hexdigest()[:8]
+    return Scenario(
+        id=f"{name}-{digest}",
+        task=task,
+        difficulty=level,
+        reference=Reference(
+            answer=_fmt(answer), tolerance=0.01 if numeric else None, calls=ref_calls
+        ),
+        tags=["curated", name],
+    )
+
+
+async def build(
+    name: str, templates: list[Template], n: int, seed: int, extra_train: int = 0
+) -> ScenarioSet:
+    """`n` tasks from randomly chosen templates, split 3:1 into train and val; then
+    `extra_train` more train tasks, taking the templates in turn so that every kind of task is
+    practised about as often (a random draw of 36 gave the calculator 7 additions and not one
+    single multiplication). The first `n` and their split do not depend on `extra_train`."""
     rng = random.Random(seed)
-    spec = f"example:{name}"
     out: list[Scenario] = []
     seen: set[str] = set()
     while len(out) < n:
-        task, level, calls, pick = rng.choice(templates)(rng)
+        state = rng.getstate()
+        template = rng.choice(templates)
+        task = template(rng)[0]
         if task in seen:
             continue
         seen.add(task)
-        results: list[Any] = []
-        ref_calls = []
-        async with open_session(spec) as session:
-            for tool, args in calls:
-                args = _resolve(args, results)
-                result = await session.call_tool(tool, args)
-                if result.is_error:
-                    raise RuntimeError(f"{name}: {tool}({args}) failed: {result.text}")
-                results.append(
-                    json.loads(result.text) if result.text[:1] in "{[" else float(result.text)
-                )
-                ref_calls.append(ReferenceCall(tool=tool, arguments=args, result=result.text))
-        answer = pick(results)
-        numeric = isinstance(answer, (int, float))
-        digest = hashlib.sha256(task.encode()).hexdigest()[:8]
-        out.append(
-            Scenario(
-                id=f"{name}-{digest}",
-                task=task,
-                difficulty=level,
-                reference=Reference(
-                    answer=_fmt(answer), tolerance=0.01 if numeric else None, calls=ref_calls
-                ),
-                tags=["curated", name],
-            )
-        )
-    return ScenarioSet(out).with_split(val_fraction=0.25, seed=seed)
+        rng.setstate(state)
+        rng.choice(templates)
+        out.append(await _scenario(name, template, rng))
+    scenarios = ScenarioSet(out).with_split(val_fraction=0.25, seed=seed).scenarios
+    extra_rng = random.Random(seed + 1)
+    added = misses = 0
+    while added < extra_train and misses < 50 * len(templates):
+        template = templates[(added + misses) % len(templates)]
+        state = extra_rng.getstate()
+        task = template(extra_rng)[0]
+        if task in seen:
+            misses += 1
+            continue
+        seen.add(task)
+        extra_rng.setstate(state)
+        scenario = await _scenario(name, template, extra_rng)
+        scenario.split = "train"
+        scenarios.append(scenario)
+        added += 1
+    return ScenarioSet(scenarios)
 
 
 async def main() -> None:
@@ -384,7 +411,7 @@ async def main() -> None:
         ("catalog", catalog_templates()),
         ("notes", notes_templates()),
     ):
-        scenarios = await build(name, templates, n=48, seed=2026)
+        scenarios = await build(name, templates, n=48, seed=2026, extra_train=96)
         path = scenarios.save(ROOT / f"{name}.jsonl")
         print(f"{path}: {len(scenarios)} scenarios ({len(scenarios.val)} val)")
         print(scenarios.format_histogram())

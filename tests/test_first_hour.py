@@ -59,7 +59,8 @@ def test_trainer_knobs_and_lora_reach_the_config():
                      "--no-scale-rewards", "--lora-r", "16", "--lora-alpha", "32",
                      "--tracker", "csv")  # fmt: skip
     assert (config.train.beta, config.train.eps_low, config.train.eps_high) == (0.05, 0.1, 0.3)
-    assert config.train.scale_rewards is False
+    assert config.train.scale_rewards == "none"
+    assert _config("--scale-rewards", "group").train.scale_rewards == "group"
     assert (config.lora.r, config.lora.alpha) == (16, 32)
     assert config.trackers == ["csv"]
 

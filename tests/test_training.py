@@ -18,6 +18,7 @@ from mcprl.training import (
     LoraTrainer,
     Normalizer,
     TrainConfig,
+    batch_advantages,
     build_sequences,
     group_advantages,
     micro_batches,
@@ -123,6 +124,20 @@ def test_advantages():
     assert centred == [0.5, -0.5]
     scaled = group_advantages([1.0, 0.0, 0.5, 0.5])
     assert abs(sum(scaled)) < 1e-9 and scaled[0] > 1.0
+
+
+def test_batch_scaling_keeps_a_success_group_above_a_partial_credit_group():
+    success, partial = [1.0, 0.1, 0.0, 0.0], [0.1, 0.0, 0.0, 0.2]
+    per_group = batch_advantages([success, partial, [1.0, 1.0]], scale="group")
+    per_batch = batch_advantages([success, partial, [1.0, 1.0]], scale="batch")
+    assert per_group[2] is None and per_batch[2] is None  # a tie teaches nothing either way
+    # per group, a spread of 0.2 in partial credit pushes as hard as a success does
+    assert max(per_group[1]) / max(per_group[0]) > 0.8
+    # per batch, the partial-credit group keeps its size relative to the success group
+    assert max(per_batch[1]) / max(per_batch[0]) < 0.2
+    assert abs(sum(per_batch[0])) < 1e-9
+    assert TrainConfig(scale_rewards=True).scale_rewards == "group"  # the old switch still reads
+    assert TrainConfig(scale_rewards=False).scale_rewards == "none"
 
 
 # -- sequences ----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ _LAZY = {
     "LOSSES": "_losses",
     "Normalizer": "_losses",
     "PPOClip": "_losses",
+    "batch_advantages": "_losses",
     "group_advantages": "_losses",
     "LoraTrainer": "_trainer",
 }

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mcprl.training._losses import group_advantages
+from mcprl.training._config import ScaleRewards
+from mcprl.training._losses import batch_advantages
 from mcprl.types import Choice, Trajectory, TrajectoryGroup
 
 __all__ = [
@@ -88,17 +89,23 @@ def _append(seq: Sequence, c: Choice) -> None:
 
 
 def build_sequences(
-    groups: list[TrajectoryGroup], scale_rewards: bool = True
+    groups: list[TrajectoryGroup], scale_rewards: ScaleRewards | bool = "group"
 ) -> tuple[list[Sequence], BatchStats]:
     """Training sequences for every group with signal, and what was left out."""
+    if isinstance(scale_rewards, bool):
+        scale_rewards = "group" if scale_rewards else "none"
     stats = BatchStats()
     sequences: list[Sequence] = []
-    for group in groups:
+    usable_of = [
+        [t for t in group.trajectories if t.trainable and t.reward is not None] for group in groups
+    ]
+    all_advantages = batch_advantages(
+        [[t.reward for t in usable] for usable in usable_of], scale=scale_rewards
+    )
+    for group, usable, advantages in zip(groups, usable_of, all_advantages, strict=True):
         stats.groups += 1
-        usable = [t for t in group.trajectories if t.trainable and t.reward is not None]
         stats.trajectories_dropped += len(group.trajectories) - len(usable) + len(group.exceptions)
         stats.rewards += [t.reward for t in usable]
-        advantages = group_advantages([t.reward for t in usable], scale=scale_rewards)
         if advantages is None:
             stats.groups_skipped += 1
             continue

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["LoraConfig", "TrainConfig"]
+__all__ = ["LoraConfig", "ScaleRewards", "TrainConfig"]
+
+ScaleRewards = Literal["group", "batch", "none"]
 
 ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -30,7 +32,11 @@ class TrainConfig(BaseModel):
     beta: float = Field(default=0.0, ge=0, description="KL penalty to the base model")
     normalization: Literal["token", "sequence", "fixed"] = "token"
     fixed_length: int = Field(default=1024, ge=1, description='for normalization "fixed"')
-    scale_rewards: bool = Field(default=True, description="divide advantages by the group std")
+    scale_rewards: ScaleRewards = Field(
+        default="batch",
+        description='divide advantages by the std of their group ("group", GRPO), of the '
+        'step\'s groups ("batch") or not at all ("none", Dr. GRPO); true/false mean group/none',
+    )
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     token_budget: int = Field(default=4096, ge=64, description="padded tokens per micro-batch")
     share_prefix: bool = Field(
@@ -38,6 +44,13 @@ class TrainConfig(BaseModel):
         description="run the prompt prefix a micro-batch's sequences share once (same gradient)",
     )
     weight_decay: float = Field(default=0.0, ge=0)
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _scale_from_bool(cls, value: object) -> object:
+        if isinstance(value, bool):  # the old switch: on = per group, off = none
+            return "group" if value else "none"
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -3,7 +3,11 @@
 Shapes: every tensor is [batch, time], already aligned so that position t holds the
 log-probability of token t; `mask` is 1 on trained (assistant) tokens and 0 elsewhere.
 
-- Advantage = reward - mean(group), divided by the group's std unless disabled (Dr. GRPO).
+- Advantage = reward - mean(group), then scaled (`scale_rewards`): "group" divides by the
+  group's std (GRPO), "batch" by the std of every centred reward in the step's groups with
+  signal (LitePPO, Liu et al. 2025), "none" leaves it (Dr. GRPO). Per-group scaling blows a
+  group whose rewards differ only by small partial credit up to the size of a group where one
+  attempt succeeded; batch scaling keeps their ratio, so success drives the update.
   Groups whose rewards are all equal carry no signal and are skipped.
 - `PPOClip`: token-level ratio against the sampling log-probabilities, clipped at
   [1 - eps_low, 1 + eps_high].
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mcprl.training._config import ScaleRewards
+
 __all__ = [
     "CISPO",
     "GSPO",
@@ -29,6 +35,7 @@ __all__ = [
     "Normalizer",
     "PPOClip",
     "PolicyLoss",
+    "batch_advantages",
     "group_advantages",
     "kl_k3",
 ]
@@ -44,6 +51,21 @@ def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | 
         return centred
     std = math.sqrt(sum(c * c for c in centred) / (len(rewards) - 1))
     return [c / (std + 1e-6) for c in centred]
+
+
+def batch_advantages(
+    groups: list[list[float]], scale: ScaleRewards = "group"
+) -> list[list[float] | None]:
+    """Advantages for each group's rewards (None for a group without signal), scaled per group,
+    by the std over the whole batch's groups with signal, or not at all."""
+    out = [group_advantages(r, scale=scale == "group") for r in groups]
+    if scale != "batch":
+        return out
+    centred = [a for adv in out if adv is not None for a in adv]
+    if len(centred) < 2:
+        return out
+    std = math.sqrt(sum(c * c for c in centred) / (len(centred) - 1))
+    return [None if adv is None else [a / (std + 1e-6) for a in adv] for adv in out]
 
 
 @dataclass(frozen=True)
