@@ -10,6 +10,11 @@ estimated chance that their next group differs:
 a Beta posterior mean whose prior falls with difficulty (0.8 for difficulty 1 down to 0.2 for
 difficulty 5), so a run starts from the easy end and moves on as the easy tasks stop teaching.
 A floor (`min_weight`) keeps every scenario drawable, so one that stopped teaching can come back.
+A step's draws take one scenario per *kind* of task first (the tools its reference calls, in
+order), and kinds drawn earlier in the same step last: one kind the policy half-solves cannot
+fill a step, and a redraw after a tie tries another kind. (In a calculator run without this, the
+"Add X and Y" tasks filled half of every step; the policy learned to call `add` for
+everything, multiplications and square roots included.)
 `uniform=True` draws every scenario with the same weight (the baseline this is measured against).
 Draws are weighted, without replacement, and seeded by (seed, step, round): a resumed run that
 replays the same history draws the same scenarios.
@@ -32,11 +37,19 @@ from dataclasses import dataclass
 from mcprl.scenarios import Scenario
 from mcprl.types import TrajectoryGroup
 
-__all__ = ["ScenarioSampler", "ScenarioStats", "is_informative"]
+__all__ = ["ScenarioSampler", "ScenarioStats", "is_informative", "task_kind"]
 
 # prior chance that a group at each difficulty differs: start easy
 _PRIOR = {1: 0.8, 2: 0.6, 3: 0.4, 4: 0.3, 5: 0.2}
 _PRIOR_STRENGTH = 2.0
+
+
+def task_kind(scenario: Scenario) -> tuple[str, ...]:
+    """The tools its reference calls, in order (its own id when it has no reference calls)."""
+    ref = scenario.reference
+    if ref is None or not ref.calls:
+        return ("id", scenario.id)
+    return tuple(c.tool for c in ref.calls)
 
 
 def is_informative(group: TrajectoryGroup) -> bool:
@@ -103,10 +116,21 @@ class ScenarioSampler:
     ) -> list[Scenario]:
         """`k` distinct scenarios (fewer if fewer remain), weighted; seeded by step and round."""
         rng = random.Random(f"{self.seed}/{step}/{round_index}")
-        pool = [s for s in self.scenarios if s.id not in set(exclude)]
+        excluded = set(exclude)
+        pool = [s for s in self.scenarios if s.id not in excluded]
         # weighted sampling without replacement (Efraimidis-Spirakis keys u^(1/w))
         keyed = sorted(pool, key=lambda s: rng.random() ** (1.0 / self.weight(s)), reverse=True)
-        return keyed[:k]
+        if self.uniform:
+            return keyed[:k]
+        # one scenario per kind of task first, kinds already drawn this step last
+        taken = {task_kind(s) for s in self.scenarios if s.id in excluded}
+        first: list[Scenario] = []
+        for s in keyed:
+            if len(first) < k and task_kind(s) not in taken:
+                first.append(s)
+                taken.add(task_kind(s))
+        rest = [s for s in keyed if s not in first]
+        return (first + rest)[:k]
 
     def summary(self) -> dict[str, float]:
         """Scenarios seen, and how many of them look solved, unsolved or informative so far."""

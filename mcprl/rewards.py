@@ -11,7 +11,11 @@
 
   with `calls_weight` 0.3 and `report_weight` 0.1 by default (their sum must stay below 1, so no
   wrong answer can score as much as a right one). A reference call counts once however often it
-  is repeated, so repeating a call earns nothing; the number of repeats is reported. A reference
+  is repeated, so repeating a call earns nothing; the number of repeats is reported. A call of
+  the right tool with other arguments counts `tool_only` (0.5) of a matching one, when the
+  attempt made no more calls than the reference: on a one-call task, an attempt that picked the
+  right tool but garbled a number ranks above one that picked the wrong tool, which is the step
+  a small model has to learn first. A reference
   with calls and no answer scores the share of calls made.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
   reward from references, RULER, or both with weights, and records the parts as metrics
@@ -124,17 +128,33 @@ def _made_calls(trajectory: Trajectory) -> list[tuple[str, Any, str | None]]:
     return calls
 
 
-def calls_matched(trajectory: Trajectory, reference: Reference) -> float:
-    """The share of reference calls the attempt made (same tool, matching arguments), each once."""
+def calls_matched(trajectory: Trajectory, reference: Reference, tool_only: float = 0.0) -> float:
+    """The share of reference calls the attempt made (same tool, matching arguments), each once.
+
+    With `tool_only` > 0, a reference call that no call matched, but that a call of the same
+    tool with other arguments stands for, counts `tool_only`, provided the attempt made no more
+    tool calls than the reference has (so calling every tool in turn earns nothing).
+    """
     if not reference.calls:
         return 0.0
-    made = _made_calls(trajectory)
+    made = [(n, a) for n, a, _ in _made_calls(trajectory) if n != "complete_task"]
     tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
-    hits = sum(
-        any(n == ref.tool and _args_match(a, ref.arguments, tolerance) for n, a, _ in made)
+    full = [
+        any(n == ref.tool and _args_match(a, ref.arguments, tolerance) for n, a in made)
         for ref in reference.calls
-    )
-    return hits / len(reference.calls)
+    ]
+    credit = float(sum(full))
+    if tool_only > 0 and len(made) <= len(reference.calls):
+        # the calls left over after the full matches, each standing for at most one reference
+        left = [n for n, a in made]
+        for ref, hit in zip(reference.calls, full, strict=True):
+            if hit and ref.tool in left:
+                left.remove(ref.tool)
+        for ref, hit in zip(reference.calls, full, strict=True):
+            if not hit and ref.tool in left:
+                left.remove(ref.tool)
+                credit += tool_only
+    return credit / len(reference.calls)
 
 
 def _reported_result(trajectory: Trajectory, reference: Reference) -> bool:
@@ -166,6 +186,9 @@ class ReferenceReward(BaseModel):
     model_config = ConfigDict(extra="forbid")
     calls_weight: float = Field(default=0.3, ge=0, description="share of reference calls made")
     report_weight: float = Field(default=0.1, ge=0, description="the answer is a tool result")
+    tool_only: float = Field(
+        default=0.5, ge=0, le=1, description="a reference call's credit for the right tool alone"
+    )
 
     @model_validator(mode="after")
     def _answer_dominates(self) -> ReferenceReward:
@@ -204,7 +227,7 @@ def reward_parts(
     if ref is None or (ref.answer is None and not ref.calls):
         raise ValueError(f"scenario {scenario.id!r} has no reference answer or calls")
     w = weights or ReferenceReward()
-    calls = calls_matched(trajectory, ref)
+    calls = calls_matched(trajectory, ref, tool_only=w.tool_only)
     repeats = float(_repeats(trajectory))
     if ref.answer is None:  # calls are all there is to check
         return RewardParts(

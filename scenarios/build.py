@@ -350,7 +350,9 @@ async def _scenario(name: str, template: Template, rng: random.Random) -> Scenar
             result = await session.call_tool(tool, args)
             if result.is_error:
                 raise RuntimeError(f"{name}: {tool}({args}) failed: {result.text}")
-            results.append(json.loads(result.text) if result.text[:1] in "{[" else float(result.text))
+            results.append(
+                json.loads(result.text) if result.text[:1] in "{[" else float(result.text)
+            )
             ref_calls.append(ReferenceCall(tool=tool, arguments=args, result=result.text))
     answer = pick(results)
     numeric = isinstance(answer, (int, float))

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from mcprl.curriculum import ScenarioSampler, is_informative
-from mcprl.scenarios import Reference, Scenario, ScenarioSet
+from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
 from mcprl.types import Trajectory, TrajectoryGroup
 from tests.fakes import FakeBackend
@@ -66,6 +66,26 @@ def test_draws_are_distinct_seeded_and_exclude_what_was_drawn():
     assert len(rest) == 2 and not {s.id for s in rest} & {s.id for s in batch}
     uniform = ScenarioSampler([_scenario("a", 1), _scenario("b", 5)], uniform=True)
     assert uniform.weight(uniform.scenarios[0]) == uniform.weight(uniform.scenarios[1])
+
+
+def test_a_step_draws_different_kinds_of_task_before_repeating_one():
+    def kind(sid: str, *tools: str) -> Scenario:
+        calls = [ReferenceCall(tool=t, arguments={}) for t in tools]
+        return Scenario(
+            id=sid, task=sid, difficulty=1, reference=Reference(answer="1", calls=calls)
+        )
+
+    adds = [kind(f"add{i}", "add") for i in range(8)]
+    others = [kind("mul", "multiply"), kind("avg", "add", "add", "divide")]
+    sampler = ScenarioSampler(adds + others, seed=0)
+    for step in range(1, 21):
+        drawn = sampler.draw(3, step=step)
+        assert sum(s.id.startswith("add") for s in drawn) == 1  # 8 of 10 are adds, yet one
+        again = sampler.draw(2, step=step, round_index=1, exclude=[s.id for s in drawn])
+        assert [s.id.startswith("add") for s in again] == [True, True]  # only adds are left
+    sampler = ScenarioSampler([*adds, others[0]], seed=0)
+    redraw = sampler.draw(1, step=1, round_index=1, exclude=["add0"])  # an add tied this step
+    assert redraw[0].id == "mul"
 
 
 # -- dynamic sampling in the loop, with a scripted policy ------------------------------------

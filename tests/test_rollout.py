@@ -314,6 +314,9 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
     lucky = attempt(("complete_task", {"answer": "42"}, ""))
     called = attempt(("multiply", {"a": 6, "b": 7}, "42"), ("complete_task", {"answer": "7"}, ""))
     copied = attempt(("add", {"a": 6, "b": 7}, "13"), ("complete_task", {"answer": "13"}, ""))
+    misread = attempt(
+        ("multiply", {"a": 6, "b": 17}, "102"), ("complete_task", {"answer": "102"}, "")
+    )
     erred = attempt(("divide", {"a": 6, "b": 0}, "Error: division by zero"),
                     ("complete_task", {"answer": "0"}, ""))  # fmt: skip
     repeated = attempt(
@@ -326,6 +329,8 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
     }
     assert scores["right"].reward == scores["lucky"].reward == 1.0
     assert scores["called"].reward == pytest.approx(0.3)  # the reference call, no answer
+    assert scores["misread"].reward == pytest.approx(0.15 + 0.1)  # right tool, other numbers
+    assert scores["misread"].reward > scores["copied"].reward  # ... beats the wrong tool
     assert scores["copied"].reward == pytest.approx(0.1)  # reported its own tool's result
     assert scores["erred"].reward == 0.0  # an error is not a result
     assert scores["repeated"].reward == scores["called"].reward  # repeating earns nothing
@@ -364,6 +369,12 @@ def test_reference_calls_match_with_tolerance():
         ]
     )
     assert calls_matched(t, ref) == 0.5
+    assert calls_matched(t, ref, tool_only=0.5) == 0.5  # no add call: nothing more
+    t.messages[0]["tool_calls"].append(call("add", {"a": 40, "b": 1}))
+    assert calls_matched(t, ref, tool_only=0.5) == 0.75  # add, other numbers: half a call
+    for name in ("subtract", "divide"):  # calling tools beyond the reference's count
+        t.messages[0]["tool_calls"].append(call(name, {"a": 1, "b": 1}))
+    assert calls_matched(t, ref, tool_only=0.5) == 0.5  # ... earns no tool-only credit
 
 
 @pytest.mark.slow
