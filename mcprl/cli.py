@@ -270,6 +270,7 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         eps_low=args.epsilon,
         eps_high=args.epsilon_high,
         scale_rewards=args.scale_rewards,
+        updates_per_step=args.updates_per_step,
     )
     if args.loss:
         train |= _loss_defaults(args.loss)
@@ -525,6 +526,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         choices=["group", "batch", "none"],
         help="divide advantages by the reward std of their group (GRPO), of the step's groups "
         f"(batch), or not at all (none, Dr. GRPO) (default {d.train.scale_rewards})",
+    )
+    t.add_argument(
+        "--updates-per-step",
+        type=int,
+        help="optimizer steps per training step, each on its share of the groups "
+        f"(default {d.train.updates_per_step})",
     )
     t.add_argument(
         "--no-scale-rewards",

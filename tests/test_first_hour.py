@@ -61,6 +61,7 @@ def test_trainer_knobs_and_lora_reach_the_config():
     assert (config.train.beta, config.train.eps_low, config.train.eps_high) == (0.05, 0.1, 0.3)
     assert config.train.scale_rewards == "none"
     assert _config("--scale-rewards", "group").train.scale_rewards == "group"
+    assert _config("--updates-per-step", "2").train.updates_per_step == 2
     assert (config.lora.r, config.lora.alpha) == (16, 32)
     assert config.trackers == ["csv"]
 

@@ -17,11 +17,13 @@ from mcprl.training import (
     LOSSES,
     LoraTrainer,
     Normalizer,
+    Sequence,
     TrainConfig,
     batch_advantages,
     build_sequences,
     group_advantages,
     micro_batches,
+    split_by_group,
 )
 from mcprl.training._losses import kl_k3
 from mcprl.types import Choice, Trajectory, TrajectoryGroup
@@ -260,6 +262,33 @@ def test_one_step_raises_the_good_completion_and_lowers_the_bad(base_path, varia
     assert after[0] > before[0] and after[1] < before[1], (before, after)
     assert metrics["abs_logprob_drift"] < 1e-3  # on-policy: the trainer agrees with the sampler
     assert metrics["grad_norm"] > 0 and metrics["groups_skipped_fraction"] == 0
+
+
+@pytest.mark.slow
+def test_updates_per_step_takes_one_optimizer_step_per_share_of_the_groups(base_path):
+    trainer = LoraTrainer(base_path)
+    tok = trainer.tokenizer
+    groups, pairs = [], []
+    for question, right in (("What is 6 times 7?", "42"), ("What is 9 minus 4?", "5")):
+        prompt = tok.encode(f"Q: {question} A:")
+        good, bad = tok.encode(f" {right}.<|im_end|>"), tok.encode(" I like turtles.<|im_end|>")
+        groups.append(_on_policy_group(trainer, prompt, [good, bad], [1.0, 0.0]))
+        pairs.append((prompt, good, bad))
+    before = [[_sequence_logprob(trainer, p, c) for c in (g, b)] for p, g, b in pairs]
+    metrics = trainer.step(groups, TrainConfig(learning_rate=2e-3, updates_per_step=2))
+    after = [[_sequence_logprob(trainer, p, c) for c in (g, b)] for p, g, b in pairs]
+    assert metrics["updates"] == 2 and trainer.updates == 2
+    for (good0, bad0), (good1, bad1) in zip(before, after, strict=True):
+        assert good1 > good0 and bad1 < bad0  # each group's own update, then the other's
+    assert metrics["abs_logprob_drift"] > 0  # the second update ran on a moved policy
+
+
+def test_groups_are_dealt_whole_into_mini_batches():
+    sequences = [Sequence([1, 2], [0, 1], [0.0, -1.0], a, group=g)
+                 for g, a in ((0, 1.0), (0, -1.0), (1, 0.5), (2, 1.0), (2, -1.0))]  # fmt: skip
+    parts = split_by_group(sequences, 2)
+    assert [[s.group for s in p] for p in parts] == [[0, 0, 2, 2], [1]]
+    assert [[s.group for s in p] for p in split_by_group(sequences, 5)] == [[0, 0], [1], [2, 2]]
 
 
 @pytest.mark.slow

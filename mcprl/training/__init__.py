@@ -19,6 +19,7 @@ _LAZY = {
     "Sequence": "_batch",
     "build_sequences": "_batch",
     "micro_batches": "_batch",
+    "split_by_group": "_batch",
     "CISPO": "_losses",
     "GSPO": "_losses",
     "LOSSES": "_losses",

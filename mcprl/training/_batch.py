@@ -30,6 +30,7 @@ __all__ = [
     "build_sequences",
     "micro_batches",
     "shared_prefix_length",
+    "split_by_group",
 ]
 
 
@@ -39,6 +40,7 @@ class Sequence:
     mask: list[int]  # 1 where tokens[t] is a trained completion token
     old_logprobs: list[float]  # aligned with tokens; 0.0 where mask is 0
     advantage: float
+    group: int = 0  # the index of its group among the step's groups with signal
 
     @property
     def trained_tokens(self) -> int:
@@ -109,8 +111,11 @@ def build_sequences(
         if advantages is None:
             stats.groups_skipped += 1
             continue
+        index = stats.groups - stats.groups_skipped - 1
         for traj, adv in zip(usable, advantages, strict=True):
-            sequences += _sequences_of(traj, adv)
+            for seq in _sequences_of(traj, adv):
+                seq.group = index
+                sequences.append(seq)
     stats.sequences = len(sequences)
     stats.trained_tokens = sum(s.trained_tokens for s in sequences)
     return sequences, stats
@@ -140,6 +145,13 @@ def shared_prefix_length(sequences: list[Sequence], minimum: int = 32) -> int:
     trained = min((s.mask.index(1) if 1 in s.mask else len(s.mask)) for s in sequences)
     length = min(common, trained - 1)
     return length if length >= minimum else 0
+
+
+def split_by_group(sequences: list[Sequence], parts: int) -> list[list[Sequence]]:
+    """`parts` lists of whole groups (group i goes to list i mod parts), empty lists left out:
+    an update sees every attempt of each of its groups, the better and the worse together."""
+    out = [[s for s in sequences if s.group % parts == i] for i in range(parts)]
+    return [chunk for chunk in out if chunk]
 
 
 def micro_batches(

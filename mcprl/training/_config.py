@@ -38,6 +38,12 @@ class TrainConfig(BaseModel):
         'step\'s groups ("batch") or not at all ("none", Dr. GRPO); true/false mean group/none',
     )
     max_grad_norm: float | None = Field(default=1.0, gt=0)
+    updates_per_step: int = Field(
+        default=1,
+        ge=1,
+        description="optimizer steps per training step, each on its share of the groups "
+        "(PPO mini-batches: later ones are off-policy, and the clip range applies)",
+    )
     token_budget: int = Field(default=4096, ge=64, description="padded tokens per micro-batch")
     share_prefix: bool = Field(
         default=True,

@@ -8,7 +8,9 @@ A step reads like the algorithm: build sequences from the sampled tokens, comput
 group, then for each micro-batch: log-probabilities under the current policy, the chosen policy
 loss, an optional KL penalty to the base model, backward; finally clip the gradient norm and take
 one optimizer step. Micro-batch losses are normalised against the whole batch, so accumulating
-them gives exactly the full-batch gradient.
+them gives exactly the full-batch gradient. With `updates_per_step` k > 1 the step's groups are
+dealt into k mini-batches of whole groups, one optimizer step each (PPO's mini-batches: the
+later ones see a policy that has moved since sampling, which the clipped ratio accounts for).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 import torch
 
 from mcprl.errors import CheckpointError
-from mcprl.training._batch import MicroBatch, build_sequences, micro_batches
+from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
 from mcprl.training._config import LoraConfig, TrainConfig
 from mcprl.training._losses import LOSSES, Normalizer, kl_k3
 from mcprl.types import TrajectoryGroup
@@ -93,34 +95,42 @@ class LoraTrainer:
             group["lr"] = config.learning_rate
             group["weight_decay"] = config.weight_decay
         loss_fn = LOSSES[config.loss](config.eps_low, config.eps_high)
-        norm = Normalizer(
-            config.normalization, stats.trained_tokens, len(sequences), config.fixed_length
-        )
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "abs_logprob_drift": 0.0}
-        batches = micro_batches(
-            sequences, config.token_budget, self.pad_id, share_prefix=config.share_prefix
-        )
-        for i, batch in enumerate(batches):
-            parts = self._micro_step(batch, loss_fn, norm, config.beta)
-            for k, v in parts.items():
-                totals[k] += v
-            if on_progress is not None:
-                on_progress(i + 1, len(batches))
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.params, config.max_grad_norm if config.max_grad_norm else math.inf
-        )
-        self.optimizer.step()
+        plan = []
+        for part in split_by_group(sequences, config.updates_per_step):
+            tokens = sum(s.trained_tokens for s in part)
+            norm = Normalizer(config.normalization, tokens, len(part), config.fixed_length)
+            batches = micro_batches(
+                part, config.token_budget, self.pad_id, share_prefix=config.share_prefix
+            )
+            plan.append((norm, batches))
+        done, total = 0, sum(len(batches) for _, batches in plan)
+        norms = []
+        for norm, batches in plan:
+            self.optimizer.zero_grad(set_to_none=True)
+            for batch in batches:
+                parts = self._micro_step(batch, loss_fn, norm, config.beta)
+                for k, v in parts.items():
+                    totals[k] += v / (len(plan) if k in ("loss", "kl") else 1)
+                done += 1
+                if on_progress is not None:
+                    on_progress(done, total)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.params, config.max_grad_norm if config.max_grad_norm else math.inf
+            )
+            norms.append(float(grad_norm))
+            self.optimizer.step()
+            self.updates += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.updates += 1
         tokens = max(stats.trained_tokens, 1)
         metrics.update(
             loss=totals["loss"],
             kl=totals["kl"],
             clip_fraction=totals["clipped"] / tokens,
             abs_logprob_drift=totals["abs_logprob_drift"] / tokens,
-            grad_norm=float(grad_norm),
+            grad_norm=sum(norms) / len(norms),
+            updates=float(len(norms)),
             learning_rate=config.learning_rate,
             trained_tokens=float(stats.trained_tokens),
             sequences=float(stats.sequences),
