@@ -339,9 +339,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-async def _scenario(name: str, template: Template, rng: random.Random) -> Scenario:
-    """One task from `template`, its reference recorded from the live server."""
-    task, level, calls, pick = template(rng)
+async def _scenario(name: str, drawn: tuple) -> Scenario:
+    """A task drawn from a template, its reference recorded from the live server."""
+    task, level, calls, pick = drawn
     results: list[Any] = []
     ref_calls = []
     async with open_session(f"example:{name}") as session:
@@ -379,28 +379,21 @@ async def build(
     out: list[Scenario] = []
     seen: set[str] = set()
     while len(out) < n:
-        state = rng.getstate()
-        template = rng.choice(templates)
-        task = template(rng)[0]
-        if task in seen:
+        drawn = rng.choice(templates)(rng)
+        if drawn[0] in seen:
             continue
-        seen.add(task)
-        rng.setstate(state)
-        rng.choice(templates)
-        out.append(await _scenario(name, template, rng))
+        seen.add(drawn[0])
+        out.append(await _scenario(name, drawn))
     scenarios = ScenarioSet(out).with_split(val_fraction=0.25, seed=seed).scenarios
     extra_rng = random.Random(seed + 1)
     added = misses = 0
     while added < extra_train and misses < 50 * len(templates):
-        template = templates[(added + misses) % len(templates)]
-        state = extra_rng.getstate()
-        task = template(extra_rng)[0]
-        if task in seen:
+        drawn = templates[(added + misses) % len(templates)](extra_rng)
+        if drawn[0] in seen:
             misses += 1
             continue
-        seen.add(task)
-        extra_rng.setstate(state)
-        scenario = await _scenario(name, template, extra_rng)
+        seen.add(drawn[0])
+        scenario = await _scenario(name, drawn)
         scenario.split = "train"
         scenarios.append(scenario)
         added += 1

@@ -91,11 +91,9 @@ def _append(seq: Sequence, c: Choice) -> None:
 
 
 def build_sequences(
-    groups: list[TrajectoryGroup], scale_rewards: ScaleRewards | bool = "group"
+    groups: list[TrajectoryGroup], scale_rewards: ScaleRewards = "group"
 ) -> tuple[list[Sequence], BatchStats]:
     """Training sequences for every group with signal, and what was left out."""
-    if isinstance(scale_rewards, bool):
-        scale_rewards = "group" if scale_rewards else "none"
     stats = BatchStats()
     sequences: list[Sequence] = []
     usable_of = [
