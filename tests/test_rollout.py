@@ -405,6 +405,11 @@ async def test_a_real_rollout_with_the_tiny_model_records_the_served_tokens(
         assert choice.logprobs == extra["mcprl"]["model_logprobs"]
     # every turn was a call of an offered tool (tool_choice "required" is enforced)
     assert all(m.get("tool_calls") for m in t.messages if m["role"] == "assistant")
+    # each turn's prompt goes on from the tokens the model saw and sampled before: one sequence
+    assert t.metrics["turns"] == 2
+    first, second = t.choices
+    seen = first.prompt_token_ids + first.token_ids
+    assert second.prompt_token_ids[: len(seen)] == seen
 
 
 async def test_rewards_mix_ruler_and_references_and_judge_failures_are_not_zeros(calculator):

@@ -9,17 +9,27 @@ OpenAI `tool_calls` with fresh ids, for any model.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
+import threading
 import uuid
+from collections import OrderedDict
 from typing import Any
 
-__all__ = ["TOOL_CALL_BEGIN", "TOOL_CALL_END", "parse_tool_calls", "render_prompt"]
+__all__ = [
+    "TOOL_CALL_BEGIN",
+    "TOOL_CALL_END",
+    "PromptTokens",
+    "parse_tool_calls",
+    "render_prompt",
+    "render_text",
+]
 
 TOOL_CALL_BEGIN = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_SPACE = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
 
 _HERMES = """\
 # Tools
@@ -43,10 +53,19 @@ def template_supports_tools(tokenizer: Any) -> bool:
 
 
 def format_call(name: str, arguments: Any) -> str:
+    """A tool call as the model writes one. Arguments given as JSON text are kept as written, so
+    a reply the model generated renders back to the same text (and the same tokens, see
+    `PromptTokens`); text that is not JSON is kept as a string."""
     if isinstance(arguments, str):
-        with contextlib.suppress(json.JSONDecodeError):  # else keep the text as generated
-            arguments = json.loads(arguments) if arguments.strip() else {}
-    payload = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        raw = arguments.strip() or "{}"
+        try:
+            json.loads(raw)
+            body = raw
+        except json.JSONDecodeError:
+            body = json.dumps(arguments, ensure_ascii=False)
+    else:
+        body = json.dumps(arguments, ensure_ascii=False)
+    payload = f'{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {body}}}'
     return f"{TOOL_CALL_BEGIN}\n{payload}\n{TOOL_CALL_END}"
 
 
@@ -103,21 +122,68 @@ def _hermes_messages(messages: list[dict[str, Any]], tools: list[dict] | None) -
     return [{"role": m["role"], "content": m["content"]} for m in out]
 
 
+def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None) -> str:
+    """The prompt as text, ending where the assistant's reply begins."""
+    if tools and template_supports_tools(tokenizer):
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+    return tokenizer.apply_chat_template(
+        _hermes_messages(messages, tools), add_generation_prompt=True, tokenize=False
+    )
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def render_prompt(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None
 ) -> list[int]:
     """Token ids of the prompt, ending where the assistant's reply begins."""
-    if tools and template_supports_tools(tokenizer):
-        ids = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=True
+    return _encode(tokenizer, render_text(tokenizer, messages, tools))
+
+
+class PromptTokens:
+    """Prompts that keep the tokens the conversation's earlier replies were sampled as.
+
+    Tokenizing a rendered conversation again does not always give back the tokens the model
+    sampled: the same text can be spelled with other tokens (a constrained model often writes
+    `{` and `"` where the tokenizer would write `{"`). Then a multi-turn attempt's next prompt
+    does not extend its previous prompt and reply, and the trainer must carry each turn as its
+    own sequence, with the whole conversation before it again. Here every reply is remembered
+    with its text; a prompt that starts with a remembered prompt-and-reply text reuses those ids
+    and tokenizes only the rest (which starts after the reply's end-of-turn token). A prompt
+    that starts with none is tokenized whole, as `render_prompt` does.
+    """
+
+    def __init__(self, tokenizer: Any, capacity: int = 1024) -> None:
+        self.tokenizer = tokenizer
+        self.capacity = capacity
+        self._seen: OrderedDict[str, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.reused = 0  # prompts that continued a remembered reply
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[int]:
+        text = render_text(self.tokenizer, messages, tools)
+        with self._lock:
+            known = max((k for k in self._seen if text.startswith(k)), key=len, default="")
+            if known:
+                self._seen.move_to_end(known)
+                self.reused += 1
+            ids = list(self._seen.get(known, []))
+        return ids + _encode(self.tokenizer, text[len(known) :])
+
+    def remember(self, prompt_ids: list[int], reply_ids: list[int]) -> None:
+        ids = list(prompt_ids) + list(reply_ids)
+        text = self.tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
-    else:
-        ids = tokenizer.apply_chat_template(
-            _hermes_messages(messages, tools), add_generation_prompt=True, tokenize=True
-        )
-    if hasattr(ids, "keys"):  # transformers may return a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
+        with self._lock:
+            self._seen[text] = ids
+            self._seen.move_to_end(text)
+            while len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -136,7 +202,10 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             continue
-        args = obj.get("arguments", obj.get("parameters", {}))
+        key = "arguments" if "arguments" in obj else "parameters"
+        args = obj.get(key, {})
+        if not isinstance(args, str):  # the arguments as the model wrote them
+            args = _raw_member(match.group(1), key) or json.dumps(args)
         kept.append(text[last : match.start()])
         last = match.end()
         calls.append(
@@ -145,10 +214,29 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
                 "type": "function",
                 "function": {
                     "name": obj["name"],
-                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                    "arguments": args,
                 },
             }
         )
     kept.append(text[last:])
     content = "".join(kept).strip()
     return (content or None), calls
+
+
+def _raw_member(text: str, key: str) -> str | None:
+    """The source text of `key`'s value in the JSON object `text`, as written; None if absent."""
+    try:
+        i = _SPACE.match(text, text.index("{") + 1).end()
+        while text[i] != "}":
+            name, i = _DECODER.raw_decode(text, i)
+            i = _SPACE.match(text, i).end() + 1  # past the colon
+            start = _SPACE.match(text, i).end()
+            _, i = _DECODER.raw_decode(text, start)
+            if name == key:
+                return text[start:i]
+            i = _SPACE.match(text, i).end()
+            if text[i] == ",":
+                i = _SPACE.match(text, i + 1).end()
+    except (ValueError, IndexError):
+        pass
+    return None

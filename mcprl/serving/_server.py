@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from mcprl.serving._api import ChatRequest, chat_response, error_body
-from mcprl.serving._chat import render_prompt
+from mcprl.serving._chat import PromptTokens
 from mcprl.serving._engine import Engine, SamplingParams
 from mcprl.serving._grammar import GrammarError
 
@@ -166,6 +166,7 @@ def build_app(
     roots = [Path(d).expanduser().resolve() for d in adapter_dirs]
     key = api_key.encode() if api_key else None
     max_n = min(max_n, engine.max_batch_size)
+    prompts = PromptTokens(engine.tokenizer)  # multi-turn prompts keep the sampled tokens
 
     async def body_of(request: Request) -> dict[str, Any]:
         return await json_body(request, max_body_bytes)
@@ -196,7 +197,7 @@ def build_app(
         tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         offered = tools if req.choice != "none" else None
         try:
-            prompt = render_prompt(engine.tokenizer, messages, offered)
+            prompt = prompts.render(messages, offered)
         except Exception as exc:  # a template that cannot render these messages
             raise _fail(400, f"cannot format the messages with the chat template: {exc}") from exc
         room = engine.max_context - len(prompt)
@@ -226,6 +227,8 @@ def build_app(
             ignore_eos=req.ignore_eos,
         )
         completions = await engine.generate(prompt, params, adapter=adapter, grammar=grammar)
+        for c in completions:
+            prompts.remember(prompt, c.token_ids)
         return JSONResponse(chat_response(req, prompt, completions, engine.tokenizer))
 
     async def models(request: Request) -> JSONResponse:
