@@ -11,9 +11,11 @@ import time
 
 import jsonschema
 import pytest
+import torch
 
 from mcprl.serving import Engine, SamplingParams, load_model
 from mcprl.serving._chat import parse_tool_calls, render_prompt
+from mcprl.serving._lora import AdapterError, LoraLinear
 from tests.test_serving import CALC_TOOLS, MODEL
 
 
@@ -117,6 +119,49 @@ def test_decoding_with_an_adapter_keeps_no_autograd_graph(engine, tmp_path):
                 keys = batch.cache.layers[0].keys
                 assert not keys.requires_grad and keys.grad_fn is None
         future.result(timeout=120)
-        assert not any(p.requires_grad for p in engine._peft.parameters())
+        adapted = [m for m in engine.model.modules() if isinstance(m, LoraLinear)]
+        assert adapted and not any(w.requires_grad for m in adapted for w in m.weights["graph@1"])
     finally:
         engine.unload_adapter("graph@1")
+    assert not any(isinstance(m, LoraLinear) for m in engine.model.modules())  # base restored
+
+
+def test_an_adapter_is_served_as_peft_computes_it(engine, tmp_path):
+    """The engine's own LoRA layers give the log-probabilities of peft's model (float32)."""
+    from peft import PeftModel
+
+    from tests.test_serving import _random_adapter
+
+    path = _random_adapter(tmp_path / "a", seed=1)
+    prompt = _prompt(engine, "Name three colours.")
+    engine.load_adapter("same@1", path)
+    try:
+        params = SamplingParams(max_tokens=12, temperature=1.0, seed=5, ignore_eos=True)
+        (served,) = engine.generate_blocking(prompt, params, adapter="same@1")
+        (base,) = engine.generate_blocking(prompt, params)
+    finally:
+        engine.unload_adapter("same@1")
+    peft_model = PeftModel.from_pretrained(load_model(MODEL, dtype="float32").model, path)
+    ids = torch.tensor([prompt + served.token_ids])
+    with torch.inference_mode():
+        logits = peft_model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    want = torch.log_softmax(logits, -1).gather(-1, torch.tensor(served.token_ids)[:, None])
+    assert torch.allclose(torch.tensor(served.model_logprobs), want[:, 0], atol=2e-3)
+    assert served.token_ids != base.token_ids  # the adapter was in use
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [({"use_dora": True}, "use_dora"), ({"peft_type": "IA3"}, "IA3"), ({"bias": "all"}, "bias")],
+)
+def test_an_adapter_the_engine_cannot_serve_is_refused_by_name(engine, tmp_path, setting, named):
+    from tests.test_serving import _random_adapter
+
+    path = _random_adapter(tmp_path / "a", seed=2)
+    config_file = tmp_path / "a" / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, **setting}))
+    with pytest.raises(AdapterError, match=named):
+        engine.load_adapter("odd@1", path)
+    assert "odd@1" not in engine.adapters
+    assert not any(isinstance(m, LoraLinear) for m in engine.model.modules())

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from transformers import DynamicCache
 
 from mcprl.serving._grammar import GrammarFactory, apply_bitmask
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
+from mcprl.serving._lora import ServedAdapters
 from mcprl.serving._models import LoadedModel
 from mcprl.serving._prefix import PrefixCache
 
@@ -118,7 +119,7 @@ class Engine:
             self.tokenizer, int(config.vocab_size), sorted(self.stop_token_ids)
         )
         self.adapters: dict[str, str] = {}
-        self._peft: Any = None
+        self._adapters = ServedAdapters(self.model)
         self._model_lock = threading.RLock()
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._pending: deque[_Request] = deque()
@@ -172,20 +173,11 @@ class Engine:
             yield
 
     def load_adapter(self, name: str, path: str) -> None:
-        from peft import PeftModel
-
+        """Make the LoRA adapter at `path` resident under `name` (see `mcprl.serving._lora`)."""
         with self._model_lock:
             if name in self.adapters:
                 raise ValueError(f"an adapter named {name!r} is already loaded")
-            if self._peft is None:
-                self._peft = PeftModel.from_pretrained(
-                    self.model, path, adapter_name=name, is_trainable=False
-                )
-            else:
-                self._peft.load_adapter(path, adapter_name=name, is_trainable=False)
-            self._peft.eval()
-            for parameter in self._peft.parameters():  # serving never builds autograd graphs
-                parameter.requires_grad_(False)
+            self._adapters.load(name, path)
             self.adapters[name] = path
             if self.prefix_cache is not None:
                 self.prefix_cache.drop(name)
@@ -200,13 +192,7 @@ class Engine:
             del self.adapters[name]
             if self.prefix_cache is not None:
                 self.prefix_cache.drop(name)
-            if self.adapters:
-                if name in self._peft.active_adapters:
-                    self._peft.set_adapter(next(iter(self.adapters)), inference_mode=True)
-                self._peft.delete_adapter(name)
-            else:
-                self.model = self._peft.unload()  # removes the LoRA layers, no merge
-                self._peft = None
+            self._adapters.unload(name)
 
     def close(self) -> None:
         self._closed = True
@@ -293,10 +279,9 @@ class Engine:
         ]
         self.stats["prefills"] += 1
         self.stats["rows"] += len(new_rows)
-        model, context = self._forward(adapter)
+        self._adapters.use(adapter)
         started = time.perf_counter()
-        with context:
-            joined = self._prefill(model, new_rows, adapter)
+        joined = self._prefill(self.model, new_rows, adapter)
         self.stats["prefill_s"] += time.perf_counter() - started
         self._batch = joined if self._batch is None else self._batch.merge(joined)
 
@@ -318,25 +303,16 @@ class Engine:
             tokens = tokens[torch.tensor(keep, device=tokens.device)]
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
         batch.positions = batch.positions + 1
-        model, context = self._forward(batch.adapter)
-        with context:
-            out = model(
-                input_ids=tokens[:, None],
-                attention_mask=batch.mask,
-                position_ids=batch.positions,
-                past_key_values=batch.cache,
-                use_cache=True,
-            )
+        self._adapters.use(batch.adapter)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=batch.mask,
+            position_ids=batch.positions,
+            past_key_values=batch.cache,
+            use_cache=True,
+        )
         batch.logits = out.logits[:, -1, :].float()
         self.stats["step_s"] += time.perf_counter() - started
-
-    def _forward(self, adapter: str | None):
-        if self._peft is None:
-            return self.model, nullcontext()
-        if adapter is None:
-            return self._peft, self._peft.disable_adapter()
-        self._peft.set_adapter(adapter, inference_mode=True)  # LoRA weights stay frozen
-        return self._peft, nullcontext()
 
     def _matcher(self, request: _Request) -> Any:
         return None if request.grammar is None else self.grammars.matcher(request.grammar)
