@@ -312,8 +312,10 @@ def test_gradient_accumulation_equals_one_full_batch(base_path):
 
 @pytest.mark.slow
 def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
+    """Plain, and the prefix once per micro-batch, in one micro-batch; then plain, and the prefix
+    once for all four micro-batches of the update, in four."""
     grads, tokens = [], []
-    for share in (False, True):
+    for share, budget in ((False, 4096), (True, 4096), (False, 64), (True, 64)):
         torch.manual_seed(0)
         trainer = LoraTrainer(base_path)
         prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
@@ -322,19 +324,33 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
             for g in range(2)
         ]
         sequences, _ = build_sequences(groups)
-        batches = micro_batches(sequences, 4096, 0, share_prefix=share)
+        batches = micro_batches(sequences, budget, 0, share_prefix=share)
         tokens.append(
             sum(
                 b.input_ids.numel() + len(b.prefix if b.prefix is not None else ()) for b in batches
             )
         )
-        config = TrainConfig(max_grad_norm=None, learning_rate=1e-9, share_prefix=share)
+        config = TrainConfig(
+            max_grad_norm=None, learning_rate=1e-9, share_prefix=share, token_budget=budget
+        )
+        ran = []
+        trainer._prefix_pass = _recording(trainer._prefix_pass, ran)
         trainer.step(groups, config)
         state = trainer.optimizer.state
         grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
-    assert batches[0].prefix is not None and len(batches[0].prefix) == len(prompt)
+    assert len(batches) == 4 and all(len(b.prefix) == len(prompt) for b in batches)
+    assert ran == [4]  # the last configuration ran the prefix once for its four micro-batches
     assert tokens[1] < tokens[0] / 2  # the prompt ran once instead of four times
     assert torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-4)
+    assert torch.allclose(grads[2], grads[3], atol=1e-7, rtol=1e-4)
+
+
+def _recording(prefix_pass, ran: list[int]):
+    def record(batches):
+        ran.append(len(batches))
+        return prefix_pass(batches)
+
+    return record
 
 
 # -- the local backend -------------------------------------------------------------------------

@@ -109,13 +109,16 @@ class LoraTrainer:
         norms = []
         for norm, batches in plan:
             self.optimizer.zero_grad(set_to_none=True)
+            shared = self._prefix_pass(batches)
             for batch in batches:
-                parts = self._micro_step(batch, loss_fn, norm, config.beta)
+                parts = self._micro_step(batch, loss_fn, norm, config.beta, shared)
                 for k, v in parts.items():
                     totals[k] += v / (len(plan) if k in ("loss", "kl") else 1)
                 done += 1
                 if on_progress is not None:
                     on_progress(done, total)
+            if shared is not None:
+                shared.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.params, config.max_grad_norm if config.max_grad_norm else math.inf
             )
@@ -138,14 +141,32 @@ class LoraTrainer:
         )
         return metrics
 
-    def _micro_step(self, batch: MicroBatch, loss_fn, norm: Normalizer, beta: float) -> dict:
+    def _prefix_pass(self, batches: list[MicroBatch]) -> _PrefixPass | None:
+        """The prefix the micro-batches of an update share, run once for all of them."""
+        if len(batches) < 2 or batches[0].prefix is None:
+            return None  # one micro-batch runs its prefix itself
+        prefix = batches[0].prefix
+        assert all(b.prefix is not None and torch.equal(b.prefix, prefix) for b in batches)
+        body = self.model.get_base_model().model
+        return _PrefixPass(body, prefix.to(self.device))
+
+    def _micro_step(
+        self,
+        batch: MicroBatch,
+        loss_fn,
+        norm: Normalizer,
+        beta: float,
+        shared: _PrefixPass | None = None,
+    ) -> dict:
         ids = batch.input_ids.to(self.device)
         attention = batch.attention_mask.to(self.device)
         mask = batch.loss_mask.to(self.device)
         old = batch.old_logprobs.to(self.device)
         adv = batch.advantages.to(self.device)
         prefix = batch.prefix.to(self.device) if batch.prefix is not None else None
-        new = self.token_logprobs(ids, attention, mask, prefix=prefix)
+        new = self.token_logprobs(
+            ids, attention, mask, prefix=prefix, prefix_kv=shared.kv if shared else None
+        )
         per_token, clipped = loss_fn.per_token(new, old, adv, mask)
         loss = norm(per_token, mask)
         kl_value = 0.0
@@ -170,6 +191,7 @@ class LoraTrainer:
         mask: torch.Tensor | None = None,
         *,
         prefix: torch.Tensor | None = None,
+        prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """log p(token t | tokens < t) for t = 1..T-1, as [batch, T-1] float32.
 
@@ -177,13 +199,14 @@ class LoraTrainer:
         elsewhere): the trained tokens are a fraction of the sequence, and the [tokens x vocab]
         logits are the largest tensors of a step. With `prefix` ([P] tokens that precede every
         row of `ids`), the prefix runs once and the rows continue from its key/value cache;
-        gradients flow through both.
+        gradients flow through both. `prefix_kv`: that cache, already computed (`_PrefixPass`).
         """
         causal_lm = self.model.get_base_model()
         if prefix is None:
             hidden = causal_lm.model(input_ids=ids, attention_mask=attention).last_hidden_state
         else:
-            hidden = self._after_prefix(causal_lm.model, prefix, ids, attention)
+            kv = prefix_kv if prefix_kv is not None else _prefix_kv(causal_lm.model, prefix)
+            hidden = self._after_prefix(causal_lm.model, kv, ids, attention)
         hidden, targets = hidden[:, :-1], ids[:, 1:]
         if mask is None:
             logits = causal_lm.lm_head(hidden).float()
@@ -196,17 +219,13 @@ class LoraTrainer:
 
     @staticmethod
     def _after_prefix(
-        body: Any, prefix: torch.Tensor, ids: torch.Tensor, attention: torch.Tensor
+        body: Any, kv: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor, attention
     ) -> torch.Tensor:
-        from transformers import DynamicCache
-
         from mcprl.serving._prefix import expanded_cache
 
-        shared = DynamicCache()
-        body(input_ids=prefix[None], past_key_values=shared, use_cache=True)
         rows, width = ids.shape
-        cache = expanded_cache([(layer.keys, layer.values) for layer in shared.layers], rows)
-        start = prefix.shape[0]
+        cache = expanded_cache(kv, rows)
+        start = kv[0][0].shape[-2]
         full = torch.cat([attention.new_ones(rows, start), attention], dim=1)
         positions = torch.arange(start, start + width, device=ids.device).expand(rows, -1)
         out = body(
@@ -323,3 +342,40 @@ def _reward_metrics(stats: Any) -> dict[str, float]:
         "groups_skipped_fraction": stats.groups_skipped / max(stats.groups, 1),
         "attempts_dropped": float(stats.trajectories_dropped),
     }
+
+
+def _prefix_kv(body: Any, prefix: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The keys and values of `prefix` ([P] tokens) in every layer, batch 1, with their graph."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    body(input_ids=prefix[None], past_key_values=cache, use_cache=True)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+class _PrefixPass:
+    """A prefix shared by an update's micro-batches, run forward once and backward once.
+
+    The micro-batches read its keys and values through detached leaves, whose gradients add up
+    over the micro-batches; `backward()` then sends the sum through the prefix's own graph. The
+    gradient is the same as running the prefix in every micro-batch, at one prefix's cost.
+    """
+
+    def __init__(self, body: Any, prefix: torch.Tensor) -> None:
+        self.outputs = _prefix_kv(body, prefix)
+        self.kv = [
+            (keys.detach().requires_grad_(keys.requires_grad),
+             values.detach().requires_grad_(values.requires_grad))
+            for keys, values in self.outputs
+        ]  # fmt: skip
+
+    def backward(self) -> None:
+        pairs = [
+            (out, leaf.grad)
+            for outs, leaves in zip(self.outputs, self.kv, strict=True)
+            for out, leaf in zip(outs, leaves, strict=True)
+            if leaf.grad is not None
+        ]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], grad_tensors=[g for _, g in pairs])
+        self.outputs = self.kv = []  # free the graph
