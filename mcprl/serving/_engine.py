@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from mcprl.serving._grammar import GrammarFactory, apply_bitmask
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
 from mcprl.serving._models import LoadedModel
-from mcprl.serving._prefix import PrefixCache
+from mcprl.serving._prefix import PrefixCache, prefix_kv
 
 __all__ = ["Completion", "Engine", "SamplingParams"]
 
@@ -317,24 +316,16 @@ class Engine:
     def _matcher(self, request: _Request) -> Any:
         return None if request.grammar is None else self.grammars.matcher(request.grammar)
 
-    def _prefix_kv(self, model: Any, ids: list[int]) -> Any:
-        cache = DynamicCache()
-        model(
-            input_ids=torch.tensor([ids], device=self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return [(layer.keys, layer.values) for layer in cache.layers]
-
     def _prefill(self, model: Any, rows: list[_Row], adapter: str | None) -> _Batch:
         """Run the prompts (left-padded) from the longest cached shared prefix on."""
         prompts = [r.request.prompt_ids for r in rows]
         start, kv = 0, None
         if self.prefix_cache is not None:
-            start, kv = self.prefix_cache.lookup(
-                adapter, prompts, lambda ids: self._prefix_kv(model, ids)
-            )
+
+            def build(ids: list[int]):
+                return prefix_kv(model, torch.tensor(ids, device=self.device), logits_to_keep=1)
+
+            start, kv = self.prefix_cache.lookup(adapter, prompts, build)
         cache = GrowingCache(torch.float32 if self.device.type == "cpu" else None)
         for i, (keys, values) in enumerate(kv or []):
             cache.update(

@@ -65,7 +65,6 @@ class ServedAdapters:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.active: list[str | None] = [None]
-        self.names: list[str] = []
 
     def use(self, name: str | None) -> None:
         self.active[0] = name
@@ -88,8 +87,7 @@ class ServedAdapters:
         try:
             layers = {m: self._layer(m) for m in pairs}
         except AdapterError:
-            if not self.names:
-                self._unwrap()
+            self._unwrap_if_unused()
             raise
         for module_path, (a, b) in pairs.items():
             layer = layers[module_path]
@@ -101,18 +99,16 @@ class ServedAdapters:
             prepared.append((layer, down, up))
         for layer, down, up in prepared:
             layer.weights[name] = (down, up)
-        if name not in self.names:
-            self.names.append(name)
 
     def unload(self, name: str) -> None:
-        for module in list(self.model.modules()):
-            if isinstance(module, LoraLinear):
-                module.weights.pop(name, None)
-        self.names.remove(name)
+        for module in self._wrapped():
+            module.weights.pop(name, None)
         if self.active[0] == name:
             self.active[0] = None
-        if not self.names:
-            self._unwrap()
+        self._unwrap_if_unused()
+
+    def _wrapped(self) -> list[LoraLinear]:
+        return [m for m in self.model.modules() if isinstance(m, LoraLinear)]
 
     def _layer(self, module_path: str) -> LoraLinear:
         try:
@@ -131,7 +127,10 @@ class ServedAdapters:
         setattr(self.model.get_submodule(parent_path), child, wrapped)
         return wrapped
 
-    def _unwrap(self) -> None:
+    def _unwrap_if_unused(self) -> None:
+        """Give the model back its plain linear layers once no adapter is resident."""
+        if any(m.weights for m in self._wrapped()):
+            return
         for module_path, module in list(self.model.named_modules()):
             if isinstance(module, LoraLinear):
                 parent_path, _, child = module_path.rpartition(".")

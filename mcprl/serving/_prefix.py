@@ -17,9 +17,19 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["PrefixCache", "common_prefix_length", "expanded_cache"]
+__all__ = ["PrefixCache", "common_prefix_length", "expanded_cache", "prefix_kv"]
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, batch 1: (keys, values)
+
+
+def prefix_kv(model, ids: torch.Tensor, **kwargs) -> KV:
+    """The keys and values of `ids` ([P] tokens) in every layer of `model`, batch 1 (with their
+    autograd graph where gradients are on); `kwargs` go to the forward call."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    model(input_ids=ids[None], past_key_values=cache, use_cache=True, **kwargs)
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def expanded_cache(kv: KV, rows: int):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from mcprl.errors import CheckpointError
+from mcprl.serving._prefix import prefix_kv as run_prefix
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
 from mcprl.training._config import LoraConfig, TrainConfig
 from mcprl.training._losses import LOSSES, Normalizer, kl_k3
@@ -205,7 +206,7 @@ class LoraTrainer:
         if prefix is None:
             hidden = causal_lm.model(input_ids=ids, attention_mask=attention).last_hidden_state
         else:
-            kv = prefix_kv if prefix_kv is not None else _prefix_kv(causal_lm.model, prefix)
+            kv = prefix_kv if prefix_kv is not None else run_prefix(causal_lm.model, prefix)
             hidden = self._after_prefix(causal_lm.model, kv, ids, attention)
         hidden, targets = hidden[:, :-1], ids[:, 1:]
         if mask is None:
@@ -344,15 +345,6 @@ def _reward_metrics(stats: Any) -> dict[str, float]:
     }
 
 
-def _prefix_kv(body: Any, prefix: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The keys and values of `prefix` ([P] tokens) in every layer, batch 1, with their graph."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    body(input_ids=prefix[None], past_key_values=cache, use_cache=True)
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
 class _PrefixPass:
     """A prefix shared by an update's micro-batches, run forward once and backward once.
 
@@ -362,7 +354,7 @@ class _PrefixPass:
     """
 
     def __init__(self, body: Any, prefix: torch.Tensor) -> None:
-        self.outputs = _prefix_kv(body, prefix)
+        self.outputs = run_prefix(body, prefix)
         self.kv = [
             (keys.detach().requires_grad_(keys.requires_grad),
              values.detach().requires_grad_(values.requires_grad))
