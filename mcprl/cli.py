@@ -261,7 +261,11 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
             if getattr(args, key) is None:
                 setattr(args, key, value)
     rollout = given(
-        max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=args.temperature
+        max_turns=args.max_turns,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        look_before_answer=args.look_before_answer,
+        share_session=args.share_session,
     ) | overrides.pop("rollout", {})
     train = given(
         learning_rate=args.lr,
@@ -479,6 +483,23 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-turns", type=int, help=f"turns per attempt (default {d.rollout.max_turns})"
+    )
+    p.add_argument(
+        "--early-answer",
+        action="store_const",
+        const=False,
+        dest="look_before_answer",
+        help="let an attempt call complete_task before any other tool (default: only after its "
+        "first tool call, sent as OpenAI's allowed_tools tool_choice; use this for an endpoint "
+        "that rejects that)",
+    )
+    p.add_argument(
+        "--fresh-sessions",
+        action="store_const",
+        const="never",
+        dest="share_session",
+        help="a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
+        "when every tool is annotated read-only (by default those attempts share one)",
     )
     p.add_argument(
         "--max-tokens", type=int, help=f"tokens per model reply (default {d.rollout.max_tokens})"
@@ -733,7 +754,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ruler import Judge
 
     project = args.project or _default_project(args.server)
-    given = dict(max_turns=args.max_turns, max_tokens=args.max_tokens, temperature=args.temperature)
+    given = dict(
+        max_turns=args.max_turns,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        look_before_answer=args.look_before_answer,
+        share_session=args.share_session,
+    )
     config = RunConfig().rollout.model_copy(
         update={k: v for k, v in given.items() if v is not None}
     )
@@ -922,6 +949,23 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-turns", type=int, help="default: as `mcprl train`")
     ev.add_argument("--max-tokens", type=int, help="default: as `mcprl train`")
     ev.add_argument("--temperature", type=float, help="default: as `mcprl train`")
+    ev.add_argument(
+        "--early-answer",
+        action="store_const",
+        const=False,
+        dest="look_before_answer",
+        help="let an attempt call complete_task before any other tool (default: only after its "
+        "first tool call, sent as OpenAI's allowed_tools tool_choice; use this for an endpoint "
+        "that rejects that)",
+    )
+    ev.add_argument(
+        "--fresh-sessions",
+        action="store_const",
+        const="never",
+        dest="share_session",
+        help="a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
+        "when every tool is annotated read-only (by default those attempts share one)",
+    )
     ev.add_argument(
         "--seed",
         type=int,

@@ -13,14 +13,17 @@ left out where no scenario has one.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
 
 from mcprl.gather import gather_groups
+from mcprl.mcp import MCPSession, open_session
+from mcprl.mcp._inspect import tool_annotations
 from mcprl.rewards import is_success
 from mcprl.rollout import RolloutConfig, rollout
 from mcprl.scenarios import Scenario
@@ -57,7 +60,7 @@ async def collect_groups(
     progress: bool = True,
 ) -> list[TrajectoryGroup]:
     """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order."""
-    async with model.openai_client() as client:
+    async with model.openai_client() as client, attempt_server(server, config) as server:
 
         def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
             cfg = config.model_copy(update={"seed": seed + (i * attempts + a) * SEED_STRIDE})
@@ -71,6 +74,22 @@ async def collect_groups(
             progress=progress,
             scenario_ids=[s.id for s in scenarios],
         )
+
+
+@contextlib.asynccontextmanager
+async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[Any]:
+    """What each attempt connects to: one session that all share, where every tool of the
+    server is annotated read-only (nothing an attempt does can change what another sees, and
+    no process starts per attempt); otherwise the server itself, a fresh session per attempt."""
+    if server is None or config.share_session == "never" or isinstance(server, MCPSession):
+        yield server
+        return
+    async with open_session(server, max_result_chars=config.max_result_chars) as session:
+        tools = await session.list_tools()
+        if tools and all(tool_annotations(t).get("readOnlyHint") is True for t in tools):
+            yield session
+            return
+    yield server
 
 
 async def score_groups(

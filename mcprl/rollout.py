@@ -27,6 +27,7 @@ is still valid for evaluation, and `trajectory.trainable` is False.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -34,8 +35,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from mcprl.errors import PreflightError
 from mcprl.gather import note_turn
-from mcprl.mcp import ToolInfo, open_session, openai_tools
+from mcprl.mcp import MCPSession, ToolInfo, open_session, openai_tools
 from mcprl.scenarios import Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
 from mcprl.types import Trajectory
@@ -122,6 +124,18 @@ class RolloutConfig(BaseModel):
         description="complete_task(answer) typed by the scenario's expected answer "
         "(number or string); False: the untyped complete_task(summary)",
     )
+    share_session: Literal["auto", "never"] = Field(
+        default="auto",
+        description="auto: when every tool of the server is annotated read-only "
+        "(readOnlyHint), the attempts of one collection share one server session (one process "
+        "over stdio) instead of starting one each; never: a fresh session per attempt",
+    )
+    look_before_answer: bool = Field(
+        default=True,
+        description="complete_task is not allowed before the attempt's first tool call (no "
+        "answer guessed before looking). Sent as OpenAI's allowed_tools tool_choice, so the "
+        "prompt still lists every tool; turn it off for an endpoint that rejects that",
+    )
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -176,7 +190,11 @@ async def rollout(
     started = time.perf_counter()
     traj = Trajectory(metadata={"scenario_id": scenario.id, "model": served})
     metrics = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "completed": 0, "ran_out_of_turns": 0}
-    async with open_session(server, max_result_chars=config.max_result_chars) as session:
+    if isinstance(server, MCPSession):  # shared by the attempts of a collection
+        opened: Any = contextlib.nullcontext(server)
+    else:
+        opened = open_session(server, max_result_chars=config.max_result_chars)
+    async with opened as session:
         mcp_tools = [
             ToolInfo(
                 name=t.name, description=t.description or "", input_schema=dict(t.input_schema)
@@ -297,6 +315,22 @@ async def _single_turn(model: Any, scenario: Scenario, config: RolloutConfig, cl
     return traj
 
 
+def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
+    """This turn's tool_choice: complete_task alone on a forced last turn; every tool but
+    complete_task until the attempt has called one (`look_before_answer`)."""
+    if config.force_final_answer and turn == config.max_turns - 1:
+        return {"type": "function", "function": {"name": COMPLETE_TASK}}
+    others = [t for t in traj.tools if t["function"]["name"] != COMPLETE_TASK]
+    looked = any(m["role"] == "tool" for m in traj.messages)
+    if not config.look_before_answer or looked or not others or len(others) == len(traj.tools):
+        return config.tool_choice
+    allowed = [{"type": "function", "function": {"name": t["function"]["name"]}} for t in others]
+    return {
+        "type": "allowed_tools",
+        "allowed_tools": {"mode": config.tool_choice, "tools": allowed},
+    }
+
+
 def _trainable(model: Any) -> bool:
     from mcprl.model import TrainableModel
 
@@ -321,10 +355,7 @@ async def _complete(
         "max_tokens": config.max_tokens,
     }
     if traj.tools:
-        choice: Any = config.tool_choice
-        if config.force_final_answer and turn == config.max_turns - 1:
-            choice = {"type": "function", "function": {"name": COMPLETE_TASK}}
-        kwargs.update(tools=traj.tools, tool_choice=choice)
+        kwargs.update(tools=traj.tools, tool_choice=_tool_choice(traj, config, turn))
     if config.seed is not None:
         kwargs["seed"] = config.seed + turn
     if trainable:
@@ -338,6 +369,14 @@ async def _complete(
         if "context" in str(exc).lower():
             traj.log(f"turn {turn + 1}: stopped at the context limit ({exc})")
             return None
+        choice = kwargs.get("tool_choice")
+        if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+            raise PreflightError(
+                f"the endpoint of {served!r} rejected OpenAI's allowed_tools tool_choice ({exc}),"
+                " which mcprl sends so that an attempt cannot answer before its first tool "
+                "call; turn that off with --early-answer (RolloutConfig(look_before_answer="
+                "False))"
+            ) from exc
         raise
     usage = getattr(response, "usage", None)
     note_turn(getattr(usage, "completion_tokens", None) or 0)  # the progress bar moves per turn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from itertools import count
 
 import anyio
@@ -22,7 +23,13 @@ from mcprl import (
 )
 from mcprl.rewards import answer_matches, calls_matched, reference_reward, scorer
 from mcprl.scenarios import Reference, ReferenceCall, Scenario
-from tests.helpers import LocalChatServer, chat_completion, fragile_server, load_example
+from tests.helpers import (
+    EXAMPLES,
+    LocalChatServer,
+    chat_completion,
+    fragile_server,
+    load_example,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -117,7 +124,14 @@ async def test_complete_task_ends_the_loop(calculator):
     assert "You have 5 turns; in the last one, call complete_task." in t.messages[1]["content"]
     names = [tool["function"]["name"] for tool in t.tools]
     assert "multiply" in names and names[-1] == "complete_task"
-    assert policy.requests[0]["tool_choice"] == "required"
+    # no answer before looking: the first turn may call every tool but complete_task; the
+    # prompt still lists them all, so it stays one prefix from turn to turn
+    first = policy.requests[0]["tool_choice"]
+    assert first["type"] == "allowed_tools" and first["allowed_tools"]["mode"] == "required"
+    allowed = {t["function"]["name"] for t in first["allowed_tools"]["tools"]}
+    assert allowed == set(names) - {"complete_task"}
+    assert policy.requests[0]["tools"] == policy.requests[1]["tools"] == t.tools
+    assert policy.requests[1]["tool_choice"] == "required"
     assert t.trainable and [c.message_index for c in t.choices] == [2, 4]
     assert reference_reward(t, SCENARIO) == 1.0
 
@@ -269,7 +283,7 @@ async def test_the_last_turn_is_forced_to_complete_task_with_a_typed_answer(calc
     )
     t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=2), client=policy)
     first, last = policy.requests
-    assert first["tool_choice"] == "required"
+    assert first["tool_choice"]["type"] == "allowed_tools"  # no answer before a tool's result
     assert last["tool_choice"] == {"type": "function", "function": {"name": "complete_task"}}
     finish = next(x for x in last["tools"] if x["function"]["name"] == "complete_task")
     assert finish["function"]["parameters"]["properties"]["answer"]["type"] == "number"
@@ -287,7 +301,9 @@ async def test_text_answers_and_the_switches_of_the_final_turn(calculator):
     finish = t.tools[-1]["function"]["parameters"]["properties"]
     assert finish["answer"]["type"] == "string" and reference_reward(t, text) == 1.0
 
-    plain = RolloutConfig(max_turns=2, force_final_answer=False, typed_answer=False)
+    plain = RolloutConfig(
+        max_turns=2, force_final_answer=False, typed_answer=False, look_before_answer=False
+    )
     policy = ScriptedPolicy(reply(call("add", {"a": 1, "b": 1})))
     t = await rollout(MODEL, SCENARIO, calculator, plain, client=policy)
     assert [r["tool_choice"] for r in policy.requests] == ["required", "required"]
@@ -465,3 +481,98 @@ async def test_trainable_model_handles(tmp_path):
     await model.train([])
     assert await model.get_step() == 1 and model.get_inference_name() == "agent@1"
     assert str(model.openai_client().base_url) == "http://127.0.0.1:1234/v1/"
+
+
+WHOAMI_SERVER = f"""
+import os, sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+from _compat import READS, make_server, serve
+server = make_server("whoami", "says which process answers")
+
+@server.tool({{annotations}})
+def whoami() -> str:
+    \"\"\"The server's process id.\"\"\"
+    return str(os.getpid())
+
+serve(server)
+"""
+
+
+class _AskOnce(ScriptedPolicy):
+    """Calls `whoami`, then completes: per conversation, so attempts may run at once."""
+
+    async def create(self, **kwargs):
+        self.requests.append(kwargs)
+        if kwargs["messages"][-1]["role"] == "tool":
+            return reply(call("complete_task", {"answer": "done"}))
+        return reply(call("whoami", {}))
+
+
+class _ScriptedModel:
+    """A model whose client is a policy double (for `collect_groups`)."""
+
+    served_name = "scripted"
+
+    def openai_client(self):
+        policy = _AskOnce()
+
+        class _Client:
+            async def __aenter__(self):
+                return policy
+
+            async def __aexit__(self, *exc):
+                return None
+
+        return _Client()
+
+
+@pytest.mark.parametrize("annotated", [True, False])
+async def test_attempts_share_one_server_process_only_when_every_tool_only_reads(
+    tmp_path, annotated
+):
+    from mcprl.collect import collect_groups
+
+    path = tmp_path / "whoami.py"
+    path.write_text(WHOAMI_SERVER.format(annotations="annotations=READS" if annotated else ""))
+    task = Scenario(id="w", task="Who answers?", difficulty=1)
+    config = RolloutConfig(max_turns=2)
+    groups = await collect_groups(
+        _ScriptedModel(), [task], f"{sys.executable} {path}", config,
+        attempts=3, seed=0, max_concurrency=3, progress=False,
+    )  # fmt: skip
+    pids = {t.messages[3]["content"] for t in groups[0].trajectories}
+    assert len(groups[0].trajectories) == 3
+    assert len(pids) == (1 if annotated else 3)
+    if annotated:  # and a user can ask for a process per attempt anyway
+        fresh = config.model_copy(update={"share_session": "never"})
+        groups = await collect_groups(
+            _ScriptedModel(), [task], f"{sys.executable} {path}", fresh,
+            attempts=2, seed=0, max_concurrency=2, progress=False,
+        )  # fmt: skip
+        assert len({t.messages[3]["content"] for t in groups[0].trajectories}) == 2
+
+
+async def test_an_endpoint_that_rejects_allowed_tools_gets_an_error_naming_the_switch(
+    calculator,
+):
+    import httpx
+    import openai
+
+    from mcprl.errors import PreflightError
+
+    class Rejects(ScriptedPolicy):
+        async def create(self, **kwargs):
+            self.requests.append(kwargs)
+            if isinstance(kwargs["tool_choice"], dict):
+                request = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+                response = httpx.Response(400, request=request)
+                raise openai.BadRequestError(
+                    "tool_choice: unknown type", response=response, body=None
+                )
+            return reply(call("complete_task", {"answer": 42}))
+
+    with pytest.raises(PreflightError, match="--early-answer"):
+        await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=2), client=Rejects())
+    config = RolloutConfig(max_turns=2, look_before_answer=False)
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=Rejects())
+    assert t.metrics["completed"] == 1

@@ -109,6 +109,28 @@ def test_a_named_tool_choice_calls_that_tool(client):
     assert r.choices[0].message.tool_calls[0].function.name == "convert_units"
 
 
+def test_allowed_tools_restricts_the_calls_but_not_the_prompt(client):
+    # the prompt lists both tools; only convert_units may be called (OpenAI's allowed_tools)
+    only = {"type": "function", "function": {"name": "convert_units"}}
+    choice = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [only]}}
+    r = ask(
+        client, "Multiply 3 by 4.", tools=CALC_TOOLS, tool_choice=choice, n=6, seed=3,
+        temperature=1.0, max_tokens=72,
+    )  # fmt: skip
+    assert {c.message.tool_calls[0].function.name for c in r.choices} == {"convert_units"}
+    both = ask(client, "Multiply 3 by 4.", tools=CALC_TOOLS, tool_choice="required", seed=3)
+    assert both.choices[0].model_extra["prompt_token_ids"] == (
+        r.choices[0].model_extra["prompt_token_ids"]
+    )
+
+
+def test_top_logprobs_of_tokens_a_grammar_rules_out_are_finite(client):
+    choice = {"type": "function", "function": {"name": "multiply"}}
+    r = ask(client, "x", tools=CALC_TOOLS, tool_choice=choice, logprobs=True, top_logprobs=3)
+    tops = [t.logprob for tok in r.choices[0].logprobs.content for t in tok.top_logprobs]
+    assert tops and min(tops) == -9999.0  # vLLM's floor; JSON has no -Infinity
+
+
 def test_a_json_schema_reply_validates(client):
     schema = {
         "type": "object",
@@ -302,6 +324,23 @@ BAD_REQUESTS = [
         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"},
         400,
         "needs at least one tool",
+    ),
+    (
+        "allowed_tools naming a tool not offered",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": CALC_TOOLS,
+            "tool_choice": {
+                "type": "allowed_tools",
+                "allowed_tools": {
+                    "mode": "required",
+                    "tools": [{"type": "function", "function": {"name": "divide"}}],
+                },
+            },
+        },
+        400,
+        "'divide', which is not among the tools",
     ),
     (
         "streaming",

@@ -57,7 +57,7 @@ async def inspect_server(
                 name=t.name,
                 description=t.description or "",
                 input_schema=dict(t.input_schema or {"type": "object", "properties": {}}),
-                annotations=_annotations(t),
+                annotations=tool_annotations(t),
             )
             for t in await session.list_tools()
         ]
@@ -86,7 +86,7 @@ async def inspect_server(
         )
 
 
-def _annotations(tool: Any) -> dict[str, Any]:
+def tool_annotations(tool: Any) -> dict[str, Any]:
     notes = getattr(tool, "annotations", None)
     if notes is None:
         return {}

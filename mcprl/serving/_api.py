@@ -64,6 +64,19 @@ class NamedToolChoice(_Open):
     function: dict[str, str]
 
 
+class AllowedTools(_Open):
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice] = Field(min_length=1)
+
+
+class AllowedToolsChoice(_Open):
+    """OpenAI's `{"type": "allowed_tools", ...}`: calls only of these tools, while the prompt
+    still lists every tool (so it stays the same from turn to turn)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
 class ResponseFormat(_Open):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
@@ -73,7 +86,9 @@ class ChatRequest(_Open):
     model: str
     messages: list[Message] = Field(min_length=1)
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: (
+        Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None
+    ) = None
     response_format: ResponseFormat | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -94,8 +109,8 @@ class ChatRequest(_Open):
             raise ValueError("stream=true is not supported by this server; send stream=false")
         if self.tool_choice in ("required",) and not self.tools:
             raise ValueError("tool_choice 'required' needs at least one tool in 'tools'")
-        if isinstance(self.tool_choice, NamedToolChoice) and not self.tools:
-            raise ValueError("a named tool_choice needs the tool in 'tools'")
+        if isinstance(self.tool_choice, NamedToolChoice | AllowedToolsChoice) and not self.tools:
+            raise ValueError("a named or allowed_tools tool_choice needs its tools in 'tools'")
         fmt = self.response_format
         if fmt and fmt.type == "json_schema" and not fmt.json_schema:
             raise ValueError("response_format json_schema needs a 'json_schema' object")
@@ -109,13 +124,20 @@ class ChatRequest(_Open):
 
     @property
     def choice(self) -> Any:
-        if isinstance(self.tool_choice, NamedToolChoice):
+        if isinstance(self.tool_choice, NamedToolChoice | AllowedToolsChoice):
             return self.tool_choice.model_dump()
         return self.tool_choice or ("auto" if self.tools else "none")
 
 
 def error_body(message: str, kind: str, status: int, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+_FLOOR = -9999.0  # what vLLM reports for tokens a grammar ruled out: JSON has no -Infinity
+
+
+def _logprob(value: float) -> float:
+    return max(value, _FLOOR)
 
 
 def _logprobs(c: Completion, tokenizer: Any, as_ids: bool) -> dict[str, Any]:
@@ -129,10 +151,10 @@ def _logprobs(c: Completion, tokenizer: Any, as_ids: bool) -> dict[str, Any]:
         content.append(
             {
                 "token": text,
-                "logprob": lp,
+                "logprob": _logprob(lp),
                 "bytes": list(text.encode()),
                 "top_logprobs": [
-                    {"token": show(t), "logprob": v, "bytes": list(show(t).encode())}
+                    {"token": show(t), "logprob": _logprob(v), "bytes": list(show(t).encode())}
                     for t, v in top
                 ],
             }

@@ -1,7 +1,8 @@
 """Constrained decoding with xgrammar: which tokens may come next.
 
 - `tool_choice` "required": exactly one call of an offered tool, its arguments valid against
-  that tool's input schema; a named function: a call of that function.
+  that tool's input schema; a named function: a call of that function; `allowed_tools`: as
+  "required" or "auto" (its mode), over only the tools it names.
 - "auto": free text, but once the model opens `<tool_call>`, the call must be valid.
 - `response_format` json_schema: JSON valid against the schema; json_object: any JSON object.
 
@@ -85,7 +86,18 @@ class GrammarFactory:
                 return self._compiler.compile_builtin_json_grammar()
         if not tools or tool_choice == "none":
             return None
-        if isinstance(tool_choice, dict):
+        if isinstance(tool_choice, dict) and tool_choice.get("type") == "allowed_tools":
+            allowed = tool_choice["allowed_tools"]
+            names = {(t.get("function") or {}).get("name") for t in allowed["tools"]}
+            offered = {t.get("function", t).get("name") for t in tools}
+            if unknown := sorted(str(n) for n in names - offered):
+                raise GrammarError(
+                    f"tool_choice.allowed_tools names {', '.join(map(repr, unknown))}, which "
+                    "is not among the tools"
+                )
+            tools = [t for t in tools if t.get("function", t).get("name") in names]
+            tool_choice = allowed["mode"]
+        elif isinstance(tool_choice, dict):
             wanted = (tool_choice.get("function") or {}).get("name")
             chosen = [t for t in tools if t.get("function", t).get("name") == wanted]
             if not chosen:
