@@ -1,7 +1,7 @@
 """The `mcprl` command line: argument parsing and display only; every command calls the library.
 
 mcprl tools SERVER [--json]
-mcprl scenarios SERVER -n 24 -o FILE [--generator MODEL | --grounded] [--seed N]
+mcprl scenarios SERVER -n 24 -o FILE [--generator MODEL] [--grounded] [--seed N]
 mcprl train SERVER [--scenarios FILE] [--steps N] ...      (see `mcprl train -h`)
 mcprl eval SERVER --model NAME[@STEP] --model ... [--scenarios FILE]
 mcprl report PROJECT/MODEL
@@ -37,7 +37,7 @@ from mcprl import __version__
 from mcprl._defaults import configured_llm
 from mcprl.errors import MCPRLError
 from mcprl.mcp import ServerInfo, inspect_server
-from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_with_notes
+from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_with_notes, reword_tasks
 from mcprl.trackers import TRACKERS
 from ruler import RulerError
 
@@ -100,7 +100,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
     out = Path(args.output)
-    generator = None if args.grounded else (args.generator or configured_llm())
+    generator = args.generator or (None if args.grounded else configured_llm())
     if generator is None and not args.grounded:
         print(
             "no LLM provider is configured (set MCPRL_GENERATOR, or OPENAI_API_KEY or another "
@@ -111,11 +111,20 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
     async def run() -> ScenarioSet:
         info = await inspect_server(args.server, startup_timeout=args.timeout)
-        if generator is None:
-            return await grounded_with_notes(
+        if generator is None or args.grounded:
+            built = await grounded_with_notes(
                 args.server, args.n, seed=args.seed, info=info, allow_writes=args.allow_writes,
                 say=_say,
             )  # fmt: skip
+            if generator is None:
+                return built
+            _say(f"  rewording {len(built)} tasks with {generator} (answers stay verified) …")
+            built, kept = await reword_tasks(
+                built, generator, seed=args.seed, api_base=args.api_base
+            )
+            if kept:
+                _say(f"  {kept} tasks kept their generated text (the rewrite lost a value)")
+            return built
         return await generate_scenarios(
             info.tools,
             info.resources,
@@ -852,9 +861,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("server", help=SERVER_HELP)
     s.add_argument("-n", type=int, default=24, help="how many scenarios (default 24)")
     s.add_argument("-o", "--output", required=True, help="JSONL file to write")
-    how = s.add_mutually_exclusive_group()
-    how.add_argument("--generator", help="LiteLLM model that writes tasks (e.g. openai/gpt-4.1)")
-    how.add_argument("--grounded", action="store_true", help="build tasks from schemas, no LLM")
+    s.add_argument(
+        "--generator",
+        help="LiteLLM model that writes tasks (e.g. openai/gpt-4.1); with --grounded it only "
+        "rewords the grounded tasks, whose calls and answers stay the verified ones",
+    )
+    s.add_argument(
+        "--grounded",
+        action="store_true",
+        help="build tasks from the tool schemas and check them on the live server (no LLM "
+        "unless --generator)",
+    )
     s.add_argument("--api-base", help="base URL of the generator's OpenAI-compatible endpoint")
     s.add_argument(
         "--allow-writes",

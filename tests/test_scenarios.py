@@ -205,6 +205,16 @@ async def test_grounded_scenarios_carry_true_references(name):
         assert _answer_in_last_result(s), s
 
 
+async def test_grounded_tasks_read_as_requests():
+    scenarios = await grounded_scenarios(load_example("calculator").server, n=12, seed=4)
+    for s in scenarios:
+        assert "Finish with a short summary" not in s.task and "Step 1" not in s.task
+        assert s.task.endswith("?"), s.task  # a question about the final result
+        if len(s.reference.calls) > 1:
+            assert s.task.startswith("First, ") and "previous step" in s.task, s.task
+    assert any(s.task.startswith("Add two numbers") and "with a = " in s.task for s in scenarios)
+
+
 async def test_grounded_scenarios_on_a_stateful_server_replay_from_a_fresh_session():
     spec = f"python {EXAMPLES / 'notes.py'}"
     scenarios = await grounded_scenarios(spec, n=5, seed=1, chain_fraction=1.0, allow_writes=True)
@@ -251,3 +261,29 @@ def test_curated_tasks_do_not_name_tools():
         for s in ScenarioSet.load(CURATED / f"{name}.jsonl"):
             words = set(re.findall(r"[a-z_]+", s.task.lower()))
             assert not words & names, s.task
+
+
+async def test_an_llm_rewords_grounded_tasks_and_the_answers_stay_verified():
+    from mcprl.scenarios import reword_tasks
+
+    built = await grounded_scenarios(load_example("calculator").server, n=6, seed=4)
+
+    def rewrite(kwargs):
+        task = kwargs["messages"][1]["content"].split("\n")[0].removeprefix("Task: ")
+        if "First" in task:  # a rewrite that drops the numbers is refused
+            return json.dumps({"task": "Please do a little arithmetic for me and tell me."})
+        numbers = re.findall(r"-?\d+(?:\.\d+)?", task)
+        return json.dumps({"task": f"I have {' and '.join(numbers)}: what do I get?"})
+
+    fn = ScriptedJudge(rewrite)
+    reworded, kept = await reword_tasks(built, "t/g", completion_fn=fn)
+    chains = sum(len(s.reference.calls) > 1 for s in built)
+    assert fn.calls == len(built) and kept == chains > 0
+    for before, after in zip(built, reworded, strict=True):
+        assert after.reference == before.reference and after.id == before.id
+        if len(before.reference.calls) > 1:
+            assert after.task == before.task  # kept: the rewrite lost the values
+        else:
+            assert after.task.startswith("I have ") and "reworded" in after.tags
+    system = fn.requests[0]["messages"][0]["content"]
+    assert "Never mention tool names" in system

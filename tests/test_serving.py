@@ -119,8 +119,9 @@ def test_allowed_tools_restricts_the_calls_but_not_the_prompt(client):
     )  # fmt: skip
     assert {c.message.tool_calls[0].function.name for c in r.choices} == {"convert_units"}
     both = ask(client, "Multiply 3 by 4.", tools=CALC_TOOLS, tool_choice="required", seed=3)
-    assert both.choices[0].model_extra["prompt_token_ids"] == (
-        r.choices[0].model_extra["prompt_token_ids"]
+    assert (
+        both.choices[0].model_extra["prompt_token_ids"]
+        == (r.choices[0].model_extra["prompt_token_ids"])
     )
 
 

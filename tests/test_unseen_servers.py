@@ -150,11 +150,56 @@ async def test_answers_that_change_between_sessions_are_dropped_and_described_va
     assert scenarios and all(
         c.tool == "convert_time" for s in scenarios for c in s.reference.calls
     )  # the current time is never a reference
-    zones = {"Europe/London", "Australia/Sydney"}
+    # the zones quoted in convert_time's description, and in current_time's for `timezone`
+    zones = {"Europe/London", "Australia/Sydney", "America/New_York", "Asia/Tokyo"}
     for s in scenarios:
         (call,) = s.reference.calls
-        assert call.arguments["source_timezone"] in zones  # taken from the description
+        assert call.arguments["source_timezone"] in zones
+        assert call.arguments["source_timezone"] != call.arguments["target_timezone"]
         assert call.result and ":" in call.result
+
+
+async def test_examples_one_tool_gives_serve_parameters_of_the_same_kind_in_another():
+    scenarios, report = await build_grounded(f"{PY} {SERVERS / 'clock.py'}", 8, seed=0)
+    assert report.built == 8  # 4 zones; 2 (those convert_time quotes itself) give only 2 tasks
+    used = {c.arguments[k] for s in scenarios for c in s.reference.calls for k in c.arguments}
+    assert used & {"America/New_York", "Asia/Tokyo"}  # quoted only for current_time's timezone
+
+
+async def test_names_a_listing_tool_returns_feed_the_tools_that_take_them():
+    # sqlish: count_rows(table) accepts only the names that list_tables returns
+    scenarios, _ = await build_grounded(f"{PY} {SERVERS / 'sqlish.py'}", 8, seed=0)
+    counted = {
+        c.arguments["table"]: c.result for s in scenarios for c in s.reference.calls
+        if c.tool == "count_rows"
+    }  # fmt: skip
+    assert set(counted) == {"fruit", "vegetables"}
+    chain = next(s for s in scenarios if [c.tool for c in s.reference.calls] == [
+        "list_tables", "count_rows"])  # fmt: skip
+    assert chain.reference.answer == "4" and chain.difficulty >= 3  # fruit, the first listed
+    assert "first table listed" in chain.task
+    for s in scenarios:  # in words: no tool names, no asides that point at them
+        assert "list_tables" not in s.task and "count_rows" not in s.task, s.task
+
+
+def test_a_pattern_gets_a_string_that_matches_it():
+    import random
+    import re
+
+    from mcprl.scenarios._sampling import SchemaSampler, ValuePool
+
+    sampler = SchemaSampler(random.Random(0), ValuePool())
+    schema = {
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+            "at": {"type": "string", "description": "e.g. '14:30'", "pattern": "^\\d\\d:\\d\\d$"},
+        },
+        "required": ["code", "at"],
+    }
+    for _ in range(5):
+        args = sampler.arguments(schema)
+        assert re.fullmatch("[A-Z]{3}-[0-9]{4}", args["code"]) and args["at"] == "14:30"
 
 
 async def test_nothing_built_is_an_error_that_shows_a_failure():

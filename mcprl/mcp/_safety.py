@@ -42,7 +42,8 @@ _READ = {
 _FREE_TEXT_COMMANDS = {"sql", "statement", "command", "cmd", "script", "code"}
 
 
-def _words(name: str) -> list[str]:
+def name_words(name: str) -> list[str]:
+    """The lower-case words of a name: tableName, table_name: table, name."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
     return [w for w in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if w]
 
@@ -54,7 +55,7 @@ def tool_access(tool: ToolInfo) -> tuple[Literal["read", "write"], str]:
         return "read", "annotated read-only"
     if notes.get("readOnlyHint") is False or notes.get("destructiveHint") is True:
         return "write", "annotated as changing data"
-    words = _words(tool.name)
+    words = name_words(tool.name)
     writing = sorted(set(words) & _WRITE)
     if writing:
         return "write", f"its name says it writes ({writing[0]})"

@@ -3,6 +3,7 @@
 - `generate_scenarios`: an LLM (any LiteLLM model) writes tasks from the tools and resources.
 - `grounded_scenarios`: no LLM; tasks built from the input schemas and checked on the live
   server, with reference calls and answers.
+- `reword_tasks`: an LLM rewrites grounded tasks in a user's words; references stay verified.
 - `scenarios_for`: what a run trains on when no file is given (curated, LLM-written or
   grounded).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from mcprl.scenarios._dedupe import Deduper, normalize
 from mcprl.scenarios._grounded import GenerationReport, build_grounded, grounded_scenarios
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
+from mcprl.scenarios._reword import reword_tasks
 from mcprl.scenarios._source import grounded_with_notes, scenarios_for
 from mcprl.scenarios._types import (
     Reference,
@@ -35,5 +37,6 @@ __all__ = [
     "grounded_scenarios",
     "grounded_with_notes",
     "normalize",
+    "reword_tasks",
     "scenarios_for",
 ]

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,9 +23,15 @@ from typing import Any
 
 from mcprl.errors import ScenarioGenerationError
 from mcprl.mcp import ServerInfo, ToolInfo, inspect_server, open_session
-from mcprl.mcp._safety import looks_like_error, tool_access
+from mcprl.mcp._safety import looks_like_error, name_words, tool_access
 from mcprl.scenarios._dedupe import Deduper
-from mcprl.scenarios._sampling import SchemaSampler, ValuePool, _is_id_name, harvest
+from mcprl.scenarios._sampling import (
+    SchemaSampler,
+    ValuePool,
+    _is_id_name,
+    harvest,
+    singular,
+)
 from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
 
 __all__ = ["GenerationReport", "build_grounded", "grounded_scenarios"]
@@ -101,13 +108,17 @@ def _links_from_dict(result: dict, name: str, kind: Any) -> list[_Link]:
     lists = [(k, v) for k, v in result.items() if isinstance(v, list) and v]
     for key, items in lists:
         ids = [i.get("id") for i in items if isinstance(i, dict) and "id" in i]
-        if not ids:
-            continue
-        singular = key.rstrip("s")
-        if kind == "array" and _is_id_name(name.rstrip("s")):
+        noun = singular(key)
+        if ids and kind == "array" and _is_id_name(name.rstrip("s")):
             out.append(_Link(name, ids, f"the ids of all {key} found in the previous step"))
-        elif _is_id_name(name) and kind in ("string", "integer"):
-            out.append(_Link(name, ids[0], f"the id of the first {singular} found before"))
+        elif ids and _is_id_name(name) and kind in ("string", "integer"):
+            out.append(_Link(name, ids[0], f"the id of the first {noun} found before"))
+        if kind == "string" and _names_a(name, noun):
+            first = items[0]
+            if isinstance(first, dict):
+                first = next((first[k] for k in ("name", "title", "path") if k in first), None)
+            if isinstance(first, str):
+                out.append(_Link(name, first, f"the first {noun} listed before"))
     if "id" in result and _is_id_name(name) and kind in ("string", "integer"):
         out.append(_Link(name, result["id"], "the id returned by the previous step"))
     for key in _ANSWER_KEYS:
@@ -118,6 +129,12 @@ def _links_from_dict(result: dict, name: str, kind: Any) -> list[_Link]:
     return out
 
 
+def _names_a(param: str, noun: str) -> bool:
+    """Whether a parameter takes the name of a `noun` (table, table_name, tableName)."""
+    words = name_words(param)
+    return words == [noun] or words == [noun, "name"]
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, str):
         return f'"{value}"'
@@ -126,34 +143,57 @@ def _fmt(value: Any) -> str:
     return json.dumps(value)
 
 
+# asides that name another tool (list_tables), give examples or defaults: not for a user's words
+_ASIDE = re.compile(
+    r"\s*\((?=[^()]*(?:\b\w+_\w+\b|e\.g\.|i\.e\.|default|optional))[^()]*\)", re.IGNORECASE
+)
+
+
 def _sentence(description: str) -> str:
+    """The first sentence of a tool's description, without its asides in parentheses (they
+    often name other tools: "a name from list_tables")."""
     first = " ".join(description.split())
     first = first.split(". ")[0].rstrip(".")
+    first = _ASIDE.sub("", first).strip()
     return first or "Use the right tool"
 
 
+def _given(name: str, value: Any) -> str:
+    """One argument in words: `a = 15` for one-letter names, else `source timezone "UTC"`."""
+    if len(name) == 1:
+        return f"{name} = {_fmt(value)}"
+    return f"{' '.join(name_words(name))} {_fmt(value)}"
+
+
+def _listed(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def _instruction(step: _Step) -> str:
-    args = [(k, v) for k, v in step.arguments.items() if not step.link or k != step.link[0]]
-    parts = [f"{k} = {_fmt(v)}" for k, v in args]
+    parts = [_given(k, v) for k, v in step.arguments.items() if not step.link or k != step.link[0]]
+    text = _sentence(step.tool.description)
+    if parts:
+        text += f", with {_listed(parts)}"
     if step.link:
-        parts.insert(0, f"{step.link[0]} = {step.link[1]}")
-    given = f" ({', '.join(parts)})" if parts else ""
-    return f"{_sentence(step.tool.description)}{given}."
+        param, phrase = step.link
+        noun = " ".join(name_words(param))
+        text += f", for {phrase}" if noun in phrase else f", using {phrase} as {noun}"
+    return text
 
 
 def _question(result: Any, rng: random.Random) -> tuple[str, str | None]:
     """What to ask about the final result, and the expected answer."""
     if isinstance(result, bool) or result is None:
-        return "Report the result.", None
+        return "What was the result?", None
     if isinstance(result, (int, float, str)):
-        return "Report the result.", str(result)
+        return "What is the result?", str(result)
     if isinstance(result, dict):
         for key in _ANSWER_KEYS:
             if isinstance(result.get(key), (int, float, str)) and not isinstance(
                 result.get(key), bool
             ):
-                label = "how many there are" if key == "count" else f"the {key}"
-                return f"Report {label}.", str(result[key])
+                label = "How many are there?" if key == "count" else f"What is the {key}?"
+                return label, str(result[key])
         fields = [
             k
             for k, v in result.items()
@@ -161,8 +201,8 @@ def _question(result: Any, rng: random.Random) -> tuple[str, str | None]:
         ]
         if fields:
             key = rng.choice(fields)
-            return f'What is the "{key}" in the final result?', str(result[key])
-    return "Report what you found.", None
+            return f"What is its {' '.join(name_words(key))}?", str(result[key])
+    return "What did you find?", None
 
 
 def _difficulty(steps: list[_Step]) -> int:
@@ -172,14 +212,25 @@ def _difficulty(steps: list[_Step]) -> int:
     return min(5, 2 * len(steps) - 1 + (distinct >= 3))
 
 
+def _task_text(steps: list[_Step], question: str) -> str:
+    """The calls as a request: First, …. Then …. Finally …, and the question."""
+    if len(steps) == 1:
+        return f"{_instruction(steps[0])}. {question}"
+    lines = []
+    for i, step in enumerate(steps):
+        lead = "First, " if i == 0 else ("Finally, " if i == len(steps) - 1 > 1 else "Then ")
+        lines.append(lead + _lower_first(_instruction(step)))
+    return ". ".join(lines) + f". {question}"
+
+
+def _lower_first(text: str) -> str:
+    """ "Add two numbers" -> "add two numbers"; an acronym ("SQL query") stays."""
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+
 def _render(steps: list[_Step], rng: random.Random, seed: int) -> Scenario:
     question, answer = _question(steps[-1].result, rng)
-    if len(steps) == 1:
-        text = f"{_instruction(steps[0])} {question}"
-    else:
-        lines = [f"Step {i}: {_instruction(s)}" for i, s in enumerate(steps, start=1)]
-        text = " ".join(lines) + f" {question}"
-    text += " Finish with a short summary."
+    text = _task_text(steps, question)
     numeric = answer is not None and _is_number(answer)
     reference = Reference(
         answer=answer,

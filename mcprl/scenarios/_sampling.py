@@ -1,6 +1,7 @@
 """Sampling tool arguments that satisfy a JSON schema, from values the server itself shows.
 
-Strings come from the schema (enums, examples, defaults, formats such as date-time or email),
+Strings come from the schema (enums, examples, defaults, formats such as date-time or email,
+a `pattern`, drawn with `rstr` when nothing the server showed matches it),
 examples quoted in the tool's and the parameter's descriptions ("e.g. 'America/New_York'"), the
 server's resources, and the results of earlier calls (titles, names, ids); numbers are the
 schema's default or small "nice" values inside its bounds. Optional arguments are usually left
@@ -14,9 +15,12 @@ import random
 import re
 from typing import Any
 
-from mcprl.mcp._inspect import ServerInfo
+import rstr
 
-__all__ = ["SKIP", "SchemaSampler", "ValuePool", "harvest"]
+from mcprl.mcp._inspect import ServerInfo
+from mcprl.mcp._safety import name_words
+
+__all__ = ["SKIP", "SchemaSampler", "ValuePool", "harvest", "singular"]
 
 SKIP = object()  # "leave this optional argument out"
 
@@ -46,6 +50,7 @@ class ValuePool:
         self.learned: list[str] = []  # names and titles seen in results
         self.ids: list[Any] = []
         self.by_key: dict[str, list[Any]] = {}  # scalar values seen under each result key
+        self.examples: dict[str, list[str]] = {}  # quoted in any tool's description, by parameter
 
     @classmethod
     def from_server(cls, info: ServerInfo) -> ValuePool:
@@ -53,7 +58,21 @@ class ValuePool:
         for r in info.resources:
             if r.text:
                 pool.add_phrases(re.split(r"[,;:\n]", r.text))
+        for tool in info.tools:
+            for name, values in _tool_examples(tool).items():
+                known = pool.examples.setdefault(name, [])
+                known.extend(v for v in values if v not in known)
         return pool
+
+    def examples_for(self, name: str) -> list[str]:
+        """Examples given for this parameter by any tool, or for one of the same kind: the
+        `timezone` examples of one tool serve `source_timezone` in another."""
+        kind = name_words(name)[-1:] if name_words(name) else []
+        out: list[str] = []
+        for key, values in self.examples.items():
+            if key == name or (kind and name_words(key)[-1:] == kind):
+                out.extend(v for v in values if v not in out)
+        return out
 
     def add_phrases(self, candidates: list[str], into: list[str] | None = None) -> None:
         target = self.phrases if into is None else into
@@ -64,7 +83,16 @@ class ValuePool:
                 target.append(c)
 
     def learn(self, value: Any) -> None:
-        """Take ids, names and other values from a tool result (parsed JSON)."""
+        """Take ids, names and other values from a tool result (parsed JSON). What a list
+        holds is also kept under its singular: the names in `{"tables": [{"name": "fruit"}]}`
+        are values for a `table` parameter."""
+        for key, items in _lists(value):
+            noun = singular(key)
+            for item in items:
+                if isinstance(item, dict):
+                    item = next((item[k] for k in _NAME_KEYS if k in item), None)
+                if isinstance(item, (str, int)) and not isinstance(item, bool):
+                    self._keep(noun, item)
         for key, v in _walk(value):
             if key is None or isinstance(v, (dict, list, bool)) or v is None:
                 continue
@@ -72,20 +100,55 @@ class ValuePool:
                 if v not in self.ids:
                     self.ids.append(v)
                 continue
-            seen = self.by_key.setdefault(key, [])
-            if v not in seen and len(seen) < 200:
-                seen.append(v)
+            self._keep(key, v)
             if isinstance(v, str) and key in ("title", "name", "author"):
                 self.add_phrases([v], into=self.learned)
 
+    def _keep(self, key: str, value: Any) -> None:
+        seen = self.by_key.setdefault(key, [])
+        if value not in seen and len(seen) < 200:
+            seen.append(value)
+
     def observed(self, name: str, numeric: bool) -> list[Any]:
-        """Values seen under a result key that this parameter name refers to (max_price: price)."""
-        for key, values in self.by_key.items():
-            if key == name or (len(key) > 2 and key in name.split("_")):
+        """Values seen under a result key that this parameter name refers to: the same name
+        first (table: table), then a part of it (max_price: price, table_name: table)."""
+        parts = name_words(name)
+        for exact in (True, False):
+            for key, values in self.by_key.items():
+                if exact and key != name:
+                    continue
+                if not exact and not (len(key) > 2 and key.lower() in parts):
+                    continue
                 matching = [v for v in values if isinstance(v, (int, float)) == numeric]
                 if matching:
                     return matching
         return []
+
+
+_NAME_KEYS = ("name", "title", "key", "path", "id")
+
+
+def singular(word: str) -> str:
+    """tables: table, entries: entry, classes: class; other words as they are."""
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("sses", "xes", "ches", "shes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3:
+        return word[:-1]
+    return word
+
+
+def _lists(value: Any, key: str | None = None):
+    """(key, list) for every non-empty list held under a key."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _lists(v, str(k))
+    elif isinstance(value, list):
+        if key and value:
+            yield key, value
+        for v in value:
+            yield from _lists(v, None)
 
 
 def _walk(value: Any, key: str | None = None):
@@ -143,6 +206,29 @@ def described_examples(description: str, params: list[str]) -> dict[str, list[st
     return {k: list(dict.fromkeys(v)) for k, v in out.items()}
 
 
+def _matches(pattern: str, value: str) -> bool:
+    try:
+        return re.search(pattern, value) is not None
+    except re.error:
+        return True  # a pattern Python cannot read: do not second-guess the value
+
+
+def _examples(schema: dict[str, Any], description: str) -> dict[str, list[str]]:
+    """Examples quoted for a schema's text parameters, in the tool's description or their own."""
+    props = schema.get("properties") or {}
+    strings = [k for k, v in props.items() if v.get("type", "string") == "string"]
+    out = described_examples(description, strings) if description else {}
+    for name, prop in props.items():
+        own = described_examples(str(prop.get("description") or ""), [name]).get(name)
+        if own:
+            out[name] = own
+    return out
+
+
+def _tool_examples(tool: Any) -> dict[str, list[str]]:
+    return _examples(tool.input_schema, tool.description or "")
+
+
 # strings for common JSON-schema formats: well-formed, and the same on every run
 _FORMATS = {
     "date-time": "2024-06-01T12:00:00Z",
@@ -168,17 +254,14 @@ class SchemaSampler:
         self, schema: dict[str, Any], fixed: dict[str, Any] | None = None, description: str = ""
     ) -> dict:
         """Arguments for a tool's input schema; `fixed` ones are used as given. Examples quoted
-        in the tool's `description` or a parameter's own are preferred for strings."""
+        in the tool's `description` or a parameter's own are preferred for strings, then those
+        other tools give for parameters of the same kind."""
         self.defs = schema.get("$defs", schema.get("definitions", {}))
-        props = schema.get("properties") or {}
-        strings = [
-            k for k, v in props.items() if self._resolve(v).get("type", "string") == "string"
-        ]
-        self.examples = described_examples(description, strings) if description else {}
-        for name, prop in props.items():
-            own = described_examples(str(prop.get("description") or ""), [name]).get(name)
-            if own:
-                self.examples[name] = own
+        own = _examples(schema, description)
+        self.examples = {
+            name: list(dict.fromkeys(own.get(name, []) + self.pool.examples_for(name)))
+            for name in schema.get("properties") or {}
+        }
         required = set(schema.get("required", []))
         args = dict(fixed or {})
         for name, prop in (schema.get("properties") or {}).items():
@@ -187,8 +270,8 @@ class SchemaSampler:
             if name not in required and self.rng.random() > 0.25:
                 continue
             value = self.value(prop, name)
-            for _ in range(5):  # two enum arguments (from_unit, to_unit) should differ
-                if value not in [v for k, v in args.items() if k != name] or "enum" not in prop:
+            for _ in range(5):  # two text arguments (from_unit, to_unit) should differ
+                if not isinstance(value, str) or value not in args.values():
                     break
                 value = self.value(prop, name)
             if value is not SKIP:
@@ -268,6 +351,22 @@ class SchemaSampler:
         return out[: max(lo, self.rng.randint(lo, hi))]
 
     def _string(self, schema: dict[str, Any], name: str) -> str:
+        """A string for the schema; one that matches its `pattern` where it has one (a value
+        the server showed if one fits, else one drawn from the pattern itself)."""
+        value = self._plain_string(schema, name)
+        pattern = schema.get("pattern")
+        if not isinstance(pattern, str) or _matches(pattern, value):
+            return value
+        shown = self.examples.get(name, []) + self.pool.observed(name, numeric=False)
+        fitting = [v for v in shown if isinstance(v, str) and _matches(pattern, v)]
+        if fitting:
+            return self.rng.choice(fitting)
+        try:
+            return rstr.Rstr(self.rng).xeger(pattern)
+        except Exception:  # a pattern rstr cannot read: the call will say what it wants
+            return value
+
+    def _plain_string(self, schema: dict[str, Any], name: str) -> str:
         if _is_id_name(name) and self.pool.ids:
             return str(self.rng.choice(self.pool.ids))
         if isinstance(schema.get("default"), str) and schema["default"]:
@@ -277,7 +376,7 @@ class SchemaSampler:
         if schema.get("format") in _FORMATS:
             return _FORMATS[schema["format"]]
         seen = [v for v in self.pool.observed(name, numeric=False) if isinstance(v, str)]
-        if seen and self.rng.random() < 0.5:
+        if seen and self.rng.random() < (0.9 if name in self.pool.by_key else 0.5):
             return self.rng.choice(seen)
         if name in ("query", "search", "q", "keyword"):
             words = self.pool.phrases + self.pool.learned or _FALLBACK_PHRASES
