@@ -258,6 +258,27 @@ def _default_project(server: str | None) -> str:
     return _slug(urlparse(spec.url).hostname or spec.name if spec.url else Path(spec.name).stem)
 
 
+def _loop_flags(p: argparse.ArgumentParser) -> None:
+    """The agent-loop switches `mcprl train`, `autorl` and `eval` share."""
+    p.add_argument(
+        "--early-answer",
+        action="store_const",
+        const=False,
+        dest="look_before_answer",
+        help="let an attempt call complete_task before any other tool (default: only after its "
+        "first tool call, sent as OpenAI's allowed_tools tool_choice; use this for an endpoint "
+        "that rejects that)",
+    )
+    p.add_argument(
+        "--fresh-sessions",
+        action="store_const",
+        const="never",
+        dest="share_session",
+        help="a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
+        "when every tool is annotated read-only (by default those attempts share one)",
+    )
+
+
 def _run_config(args: argparse.Namespace, **overrides: Any):
     """One RunConfig from the flags; a flag left out keeps the config's own default."""
     from mcprl.train import RunConfig
@@ -493,23 +514,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-turns", type=int, help=f"turns per attempt (default {d.rollout.max_turns})"
     )
-    p.add_argument(
-        "--early-answer",
-        action="store_const",
-        const=False,
-        dest="look_before_answer",
-        help="let an attempt call complete_task before any other tool (default: only after its "
-        "first tool call, sent as OpenAI's allowed_tools tool_choice; use this for an endpoint "
-        "that rejects that)",
-    )
-    p.add_argument(
-        "--fresh-sessions",
-        action="store_const",
-        const="never",
-        dest="share_session",
-        help="a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
-        "when every tool is annotated read-only (by default those attempts share one)",
-    )
+    _loop_flags(p)
     p.add_argument(
         "--max-tokens", type=int, help=f"tokens per model reply (default {d.rollout.max_tokens})"
     )
@@ -966,23 +971,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-turns", type=int, help="default: as `mcprl train`")
     ev.add_argument("--max-tokens", type=int, help="default: as `mcprl train`")
     ev.add_argument("--temperature", type=float, help="default: as `mcprl train`")
-    ev.add_argument(
-        "--early-answer",
-        action="store_const",
-        const=False,
-        dest="look_before_answer",
-        help="let an attempt call complete_task before any other tool (default: only after its "
-        "first tool call, sent as OpenAI's allowed_tools tool_choice; use this for an endpoint "
-        "that rejects that)",
-    )
-    ev.add_argument(
-        "--fresh-sessions",
-        action="store_const",
-        const="never",
-        dest="share_session",
-        help="a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
-        "when every tool is annotated read-only (by default those attempts share one)",
-    )
+    _loop_flags(ev)
     ev.add_argument(
         "--seed",
         type=int,

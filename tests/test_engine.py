@@ -94,6 +94,24 @@ def test_grammar_rows_and_free_rows_mixed_in_one_batch_all_keep_their_rules(engi
         jsonschema.validate(json.loads(fn["arguments"]), schemas[fn["name"]])
 
 
+def test_tool_call_numbers_have_bounded_length(engine):
+    """A small model can write digits until its token limit; the grammar stops a number at 12
+    digits each side of its point, in every offered tool."""
+    grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
+    tok = engine.tokenizer
+
+    def accepts(text: str) -> bool:
+        matcher = engine.grammars.matcher(grammar)
+        return all(matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False))
+
+    head = '<tool_call>\n{"name": "multiply", "arguments": {"a": '
+    assert accepts(head + '123456789012.123456789012, "b": -2e10}}\n</tool_call>')
+    assert not accepts(head + "1234567890123")
+    assert not accepts(head + "2.1234567890123")
+    other = '<tool_call>\n{"name": "convert_units", "arguments": {"value": 1.5'
+    assert accepts(other) and not accepts(other + "1234567890123")
+
+
 def test_a_grammar_that_has_ended_is_not_asked_again(engine):
     """With ignore_eos a row goes on past its grammar's end: unconstrained, and no crash."""
     grammar = engine.grammars.compile(CALC_TOOLS[:1], "required", None)

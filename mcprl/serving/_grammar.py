@@ -12,6 +12,7 @@ Grammars are compiled once per distinct request shape (xgrammar caches them).
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -27,6 +28,20 @@ class GrammarError(ValueError):
     """A schema that cannot be compiled into a grammar."""
 
 
+# A JSON number in a tool call has at most this many digits before and after its point: float64
+# holds about 17 significant digits, and a small model can otherwise write digits until its
+# token limit (`"b": 29.3250011111111112311001113124999…`), ending the attempt with no call.
+MAX_NUMBER_DIGITS = 12
+
+
+def _arguments_grammar(schema: dict[str, Any]) -> str:
+    """EBNF for a tool's arguments: its JSON schema, with numbers of bounded length."""
+    ebnf = str(xgr.Grammar.from_json_schema(json.dumps(schema), max_whitespace_cnt=1))
+    k = MAX_NUMBER_DIGITS
+    ebnf = ebnf.replace("[1-9] [0-9]*", f"[1-9] [0-9]{{0, {k - 1}}}")
+    return re.sub(r"(_digits\)?\)?)\{1, -1\}", rf"\1{{1, {k}}}", ebnf)
+
+
 def _tag(tool: dict[str, Any]) -> dict[str, Any]:
     fn = tool.get("function", tool)
     schema = fn.get("parameters") or {"type": "object", "properties": {}}
@@ -34,7 +49,7 @@ def _tag(tool: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "tag",
         "begin": f'{TOOL_CALL_BEGIN}\n{{"name": {name}, "arguments": ',
-        "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1},
+        "content": {"type": "grammar", "grammar": _arguments_grammar(schema)},
         "end": f"}}\n{TOOL_CALL_END}",
     }
 
