@@ -2,13 +2,14 @@
 
     trajectory = await rollout(model, scenario, "example:calculator", RolloutConfig(max_turns=6))
 
-Each attempt opens its own MCP session (servers may keep per-session state), offers the server's
+Each attempt opens its own MCP session (servers may keep per-session state), unless it is handed
+an open `MCPSession` (`collect_groups` shares one where every tool is read-only), offers the server's
 tools as OpenAI function tools plus `complete_task(answer)`, and loops: one completion from the
 policy, then every tool call it made, run through MCP. An unknown tool or bad arguments become an
 error tool message and the loop goes on. It stops when the agent calls `complete_task`, replies
 without a tool call, runs out of turns, or fills its context.
 
-Two defaults make the loop finishable by a small model (`RolloutConfig`, both switchable):
+Four defaults make the loop finishable by a small model (`RolloutConfig`, all switchable):
 
 - `force_final_answer`: the last turn is constrained to `complete_task` (a named tool choice), so
   every attempt that reaches it ends with an answer instead of running out of turns;
@@ -17,7 +18,10 @@ Two defaults make the loop finishable by a small model (`RolloutConfig`, both sw
   keeps it well-formed, and the reference reward checks exactly that argument;
 - `turn_budget="reference"`: a scenario whose reference lists the calls that solve it gets one
   turn per call plus one to answer (capped by `max_turns`), so a one-call task ends right after
-  its call instead of inviting a wrong second one; other scenarios get `max_turns`.
+  its call instead of inviting a wrong second one; other scenarios get `max_turns`;
+- `look_before_answer`: until the attempt has called a tool, `complete_task` is not allowed
+  (OpenAI's `allowed_tools` tool choice; the prompt still lists every tool), so no attempt ends
+  with a guess copied from the task.
 
 Works against any OpenAI-compatible endpoint. A `TrainableModel`'s endpoint is asked for token
 ids and log-probabilities in vLLM's request fields, which mcprl's server answers too, and the
