@@ -2,12 +2,12 @@
 
     trajectory = await rollout(model, scenario, "example:calculator", RolloutConfig(max_turns=6))
 
-Each attempt opens its own MCP session (servers may keep per-session state), unless it is handed
-an open `MCPSession` (`collect_groups` shares one where every tool is read-only), offers the server's
-tools as OpenAI function tools plus `complete_task(answer)`, and loops: one completion from the
-policy, then every tool call it made, run through MCP. An unknown tool or bad arguments become an
-error tool message and the loop goes on. It stops when the agent calls `complete_task`, replies
-without a tool call, runs out of turns, or fills its context.
+Each attempt opens its own MCP session (servers may keep per-session state), unless it is
+handed an open `MCPSession` (`collect_groups` shares one where every tool is read-only), offers
+the server's tools as OpenAI function tools plus `complete_task(answer)`, and loops: one
+completion from the policy, then every tool call it made, run through MCP. An unknown tool or bad
+arguments become an error tool message and the loop goes on. It stops when the agent calls
+`complete_task`, replies without a tool call, runs out of turns, or fills its context.
 
 Four defaults make the loop finishable by a small model (`RolloutConfig`, all switchable):
 
