@@ -279,6 +279,12 @@ def _loop_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _rollout_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The RolloutConfig fields the flags set (a flag left out keeps the default)."""
+    fields = ("max_turns", "max_tokens", "temperature", "look_before_answer", "share_session")
+    return {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
+
+
 def _run_config(args: argparse.Namespace, **overrides: Any):
     """One RunConfig from the flags; a flag left out keeps the config's own default."""
     from mcprl.train import RunConfig
@@ -290,13 +296,7 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         for key, value in QUICK.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
-    rollout = given(
-        max_turns=args.max_turns,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        look_before_answer=args.look_before_answer,
-        share_session=args.share_session,
-    ) | overrides.pop("rollout", {})
+    rollout = _rollout_flags(args) | overrides.pop("rollout", {})
     train = given(
         learning_rate=args.lr,
         loss=args.loss,
@@ -768,16 +768,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ruler import Judge
 
     project = args.project or _default_project(args.server)
-    given = dict(
-        max_turns=args.max_turns,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        look_before_answer=args.look_before_answer,
-        share_session=args.share_session,
-    )
-    config = RunConfig().rollout.model_copy(
-        update={k: v for k, v in given.items() if v is not None}
-    )
+    config = RunConfig().rollout.model_copy(update=_rollout_flags(args))
 
     async def run(backend: Any) -> tuple[str, Path]:
         scenarios = await eval_scenarios(
