@@ -67,7 +67,9 @@ class ValuePool:
     def examples_for(self, name: str) -> list[str]:
         """Examples given for this parameter by any tool, or for one of the same kind: the
         `timezone` examples of one tool serve `source_timezone` in another."""
-        kind = name_words(name)[-1:] if name_words(name) else []
+        kind = name_words(name)[-1:]
+        if kind and kind[0] in _GENERIC_WORDS:  # a file's `name` is no table's `table_name`
+            kind = []
         out: list[str] = []
         for key, values in self.examples.items():
             if key == name or (kind and name_words(key)[-1:] == kind):
@@ -126,6 +128,8 @@ class ValuePool:
 
 
 _NAME_KEYS = ("name", "title", "key", "path", "id")
+# last words that say too little of what a parameter holds to share examples across tools
+_GENERIC_WORDS = {"name", "id", "key", "path", "text", "value", "query", "type", "data", "input"}
 
 
 def singular(word: str) -> str:
