@@ -30,6 +30,7 @@ from mcprl.scenarios._sampling import (
     ValuePool,
     _is_id_name,
     harvest,
+    listed_name,
     singular,
 )
 from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
@@ -114,9 +115,7 @@ def _links_from_dict(result: dict, name: str, kind: Any) -> list[_Link]:
         elif ids and _is_id_name(name) and kind in ("string", "integer"):
             out.append(_Link(name, ids[0], f"the id of the first {noun} found before"))
         if kind == "string" and _names_a(name, noun):
-            first = items[0]
-            if isinstance(first, dict):
-                first = next((first[k] for k in ("name", "title", "path") if k in first), None)
+            first = listed_name(items[0])
             if isinstance(first, str):
                 out.append(_Link(name, first, f"the first {noun} listed before"))
     if "id" in result and _is_id_name(name) and kind in ("string", "integer"):

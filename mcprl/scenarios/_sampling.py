@@ -20,7 +20,7 @@ import rstr
 from mcprl.mcp._inspect import ServerInfo
 from mcprl.mcp._safety import name_words
 
-__all__ = ["SKIP", "SchemaSampler", "ValuePool", "harvest", "singular"]
+__all__ = ["SKIP", "SchemaSampler", "ValuePool", "harvest", "listed_name", "singular"]
 
 SKIP = object()  # "leave this optional argument out"
 
@@ -91,10 +91,9 @@ class ValuePool:
         for key, items in _lists(value):
             noun = singular(key)
             for item in items:
-                if isinstance(item, dict):
-                    item = next((item[k] for k in _NAME_KEYS if k in item), None)
-                if isinstance(item, (str, int)) and not isinstance(item, bool):
-                    self._keep(noun, item)
+                name = listed_name(item, _NAME_KEYS)
+                if isinstance(name, (str, int)) and not isinstance(name, bool):
+                    self._keep(noun, name)
         for key, v in _walk(value):
             if key is None or isinstance(v, (dict, list, bool)) or v is None:
                 continue
@@ -130,6 +129,13 @@ class ValuePool:
 _NAME_KEYS = ("name", "title", "key", "path", "id")
 # last words that say too little of what a parameter holds to share examples across tools
 _GENERIC_WORDS = {"name", "id", "key", "path", "text", "value", "query", "type", "data", "input"}
+
+
+def listed_name(item: Any, keys: tuple[str, ...] = ("name", "title", "path")) -> Any:
+    """What names an item of a listing: the item itself, or its first field among `keys`."""
+    if isinstance(item, dict):
+        return next((item[k] for k in keys if k in item), None)
+    return item
 
 
 def singular(word: str) -> str:

@@ -11,6 +11,7 @@ Grammars are compiled once per distinct request shape (xgrammar caches them).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -36,7 +37,12 @@ MAX_NUMBER_DIGITS = 12
 
 def _arguments_grammar(schema: dict[str, Any]) -> str:
     """EBNF for a tool's arguments: its JSON schema, with numbers of bounded length."""
-    ebnf = str(xgr.Grammar.from_json_schema(json.dumps(schema), max_whitespace_cnt=1))
+    return _bounded_ebnf(json.dumps(schema))  # key order kept: it is the arguments' order
+
+
+@functools.lru_cache(maxsize=1024)  # the same tools come with every request of a run
+def _bounded_ebnf(schema: str) -> str:
+    ebnf = str(xgr.Grammar.from_json_schema(schema, max_whitespace_cnt=1))
     k = MAX_NUMBER_DIGITS
     ebnf = ebnf.replace("[1-9] [0-9]*", f"[1-9] [0-9]{{0, {k - 1}}}")
     return re.sub(r"(_digits\)?\)?)\{1, -1\}", rf"\1{{1, {k}}}", ebnf)
