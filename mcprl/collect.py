@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 
 from mcprl.gather import gather_groups
-from mcprl.mcp import MCPSession, open_session
+from mcprl.mcp import MCPSession, ServerSpec, open_session
 from mcprl.mcp._inspect import tool_annotations
 from mcprl.rewards import is_success
 from mcprl.rollout import RolloutConfig, rollout
@@ -81,7 +81,13 @@ async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[An
     """What each attempt connects to: one session that all share, where every tool of the
     server is annotated read-only (nothing an attempt does can change what another sees, and
     no process starts per attempt); otherwise the server itself, a fresh session per attempt."""
-    if server is None or config.share_session == "never" or isinstance(server, MCPSession):
+    key = _server_key(server)
+    if (
+        server is None
+        or config.share_session == "never"
+        or isinstance(server, MCPSession)
+        or key in _WRITING
+    ):
         yield server
         return
     async with open_session(server, max_result_chars=config.max_result_chars) as session:
@@ -89,7 +95,20 @@ async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[An
         if tools and all(tool_annotations(t).get("readOnlyHint") is True for t in tools):
             yield session
             return
+    if key is not None:  # the next collection goes straight to a session per attempt
+        _WRITING.add(key)
     yield server
+
+
+# Servers (by spec) seen to have a tool not annotated read-only, so that later collections do
+# not start a process only to list the tools again.
+_WRITING: set[str] = set()
+
+
+def _server_key(server: Any) -> str | None:
+    if isinstance(server, (str, ServerSpec)):
+        return ServerSpec.parse(server).model_dump_json()
+    return None  # an in-process server object: listing its tools starts nothing
 
 
 async def score_groups(

@@ -487,6 +487,8 @@ WHOAMI_SERVER = f"""
 import os, sys
 sys.path.insert(0, {str(EXAMPLES)!r})
 from _compat import READS, make_server, serve
+with open({{started!r}}, "a") as f:  # one line per process started
+    f.write(str(os.getpid()) + "\\n")
 server = make_server("whoami", "says which process answers")
 
 @server.tool({{annotations}})
@@ -532,23 +534,32 @@ async def test_attempts_share_one_server_process_only_when_every_tool_only_reads
 ):
     from mcprl.collect import collect_groups
 
-    path = tmp_path / "whoami.py"
-    path.write_text(WHOAMI_SERVER.format(annotations="annotations=READS" if annotated else ""))
+    path, started = tmp_path / "whoami.py", tmp_path / "started.txt"
+    annotations = "annotations=READS" if annotated else ""
+    path.write_text(WHOAMI_SERVER.format(annotations=annotations, started=str(started)))
     task = Scenario(id="w", task="Who answers?", difficulty=1)
     config = RolloutConfig(max_turns=2)
-    groups = await collect_groups(
-        _ScriptedModel(), [task], f"{sys.executable} {path}", config,
-        attempts=3, seed=0, max_concurrency=3, progress=False,
-    )  # fmt: skip
+
+    async def collect(attempts: int, cfg: RolloutConfig = config):
+        return await collect_groups(
+            _ScriptedModel(), [task], f"{sys.executable} {path}", cfg,
+            attempts=attempts, seed=0, max_concurrency=attempts, progress=False,
+        )  # fmt: skip
+
+    def processes() -> int:
+        return len(started.read_text().split())
+
+    groups = await collect(3)
     pids = {t.messages[3]["content"] for t in groups[0].trajectories}
     assert len(groups[0].trajectories) == 3
     assert len(pids) == (1 if annotated else 3)
+    # the tools are listed once per collection where they are shared, and once per server
+    # (not per collection) where they are not: a writing server starts one process per attempt
+    assert processes() == (1 if annotated else 4)
+    await collect(2)
+    assert processes() == (2 if annotated else 6)
     if annotated:  # and a user can ask for a process per attempt anyway
-        fresh = config.model_copy(update={"share_session": "never"})
-        groups = await collect_groups(
-            _ScriptedModel(), [task], f"{sys.executable} {path}", fresh,
-            attempts=2, seed=0, max_concurrency=2, progress=False,
-        )  # fmt: skip
+        groups = await collect(2, config.model_copy(update={"share_session": "never"}))
         assert len({t.messages[3]["content"] for t in groups[0].trajectories}) == 2
 
 
