@@ -76,6 +76,17 @@ async def collect_groups(
         )
 
 
+# Servers (by spec) seen to have a tool not annotated read-only, so that later collections do
+# not start a process only to list the tools again.
+_WRITING: set[str] = set()
+
+
+def _server_key(server: Any) -> str | None:
+    if isinstance(server, (str, ServerSpec)):
+        return ServerSpec.parse(server).model_dump_json()
+    return None  # an in-process server object: listing its tools starts nothing
+
+
 @contextlib.asynccontextmanager
 async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[Any]:
     """What each attempt connects to: one session that all share, where every tool of the
@@ -98,17 +109,6 @@ async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[An
     if key is not None:  # the next collection goes straight to a session per attempt
         _WRITING.add(key)
     yield server
-
-
-# Servers (by spec) seen to have a tool not annotated read-only, so that later collections do
-# not start a process only to list the tools again.
-_WRITING: set[str] = set()
-
-
-def _server_key(server: Any) -> str | None:
-    if isinstance(server, (str, ServerSpec)):
-        return ServerSpec.parse(server).model_dump_json()
-    return None  # an in-process server object: listing its tools starts nothing
 
 
 async def score_groups(
