@@ -327,6 +327,7 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         sampling=args.sampling,
         oversample=args.oversample,
         trackers=args.tracker,
+        lr_schedule=args.lr_schedule,
     )
     defaults = RunConfig()
     try:
@@ -537,6 +538,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--judge-api-base", help="OpenAI-compatible base URL for the judge")
     t = p.add_argument_group("training step")
     t.add_argument("--lr", type=float, help=f"learning rate (default {d.train.learning_rate:g})")
+    t.add_argument(
+        "--lr-schedule",
+        choices=["constant", "linear", "cosine"],
+        help="the learning rate over the run: constant, or from --lr at step 1 down to 0 after "
+        f"--steps, along a line or a half cosine (default {d.lr_schedule})",
+    )
     t.add_argument(
         "--loss",
         choices=["ppo", "gspo", "cispo"],

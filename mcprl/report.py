@@ -96,7 +96,10 @@ def _settings(run_dir: Path, info: dict[str, Any]) -> str:
         ("sampling", f"{config.get('sampling')}, oversample {config.get('oversample')}"),
         ("reward", config.get("reward")),
         ("judge", config.get("judge") or "–"),
-        ("learning rate", train.get("learning_rate")),
+        (
+            "learning rate",
+            f"{train.get('learning_rate')}, {config.get('lr_schedule', 'constant')}",
+        ),
         (
             "loss",
             f"{train.get('loss')}, clip {train.get('eps_low')}/{train.get('eps_high')}, "

@@ -64,7 +64,7 @@ from mcprl.training import LoraConfig, TrainConfig
 from mcprl.types import TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError, Usage
 
-__all__ = ["RunConfig", "RunSummary", "TrainingRun"]
+__all__ = ["RunConfig", "RunSummary", "TrainingRun", "scheduled_lr"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,11 @@ class RunConfig(BaseModel):
         # for billion-parameter models (see benchmarks/RESULTS.md, "Does training help?")
         default_factory=lambda: TrainConfig(learning_rate=1e-3)
     )
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant",
+        description="the learning rate over the run: train.learning_rate at step 1, then "
+        "constant, or decaying to 0 at `steps` along a line or a half cosine",
+    )
     write_report: bool = True
 
     @model_validator(mode="after")
@@ -126,6 +131,23 @@ class RunConfig(BaseModel):
         if self.reward == "ruler" and self.val_attempts < 2:
             raise ValueError("RULER compares attempts: val_attempts must be 2 or more")
         return self
+
+
+def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
+    """The learning rate of training step `step` (from 1) of a run of `steps`.
+
+    "constant" keeps `lr`; "linear" and "cosine" start at `lr` and reach 0 one step after the
+    last (the last step still moves: lr/steps with "linear"). A resumed run that raises `steps`
+    decays over the new length.
+    """
+    if schedule == "constant" or steps <= 0:
+        return lr
+    done = min(max(step - 1, 0), steps) / steps
+    if schedule == "linear":
+        return lr * (1.0 - done)
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * done))
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}: constant, linear or cosine")
 
 
 class RunSummary(BaseModel):
@@ -459,8 +481,12 @@ class TrainingRun:
         extra |= {"time/rollout_s": times["rollout"], "time/judge_s": times["judge"]}
         self.phase = "training"
         with _Bar(f"step {step} training", self.progress) as bar:
+            lr = scheduled_lr(config.train.learning_rate, config.lr_schedule, step, config.steps)
             result = await self.model.train(
-                groups, config.train, metrics=extra, on_progress=bar.update
+                groups,
+                config.train.model_copy(update={"learning_rate": lr}),
+                metrics=extra,
+                on_progress=bar.update,
             )
         m = result.metrics
         times["train"] = m.get("time_train_s", 0.0)

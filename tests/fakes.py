@@ -21,6 +21,7 @@ class FakeBackend(StoredRuns):
         self.base_url = base_url
         self.registered: list[str] = []
         self.trained: list[list] = []
+        self.configs: list = []  # the TrainConfig of each train() call
         self.rows: list[dict] = []  # the `metrics` each train call was given
         self._steps: dict[tuple[str, str], int] = {}
 
@@ -58,6 +59,7 @@ class FakeBackend(StoredRuns):
         store = RunStore(self.path, model.project, model.name)
         store.write_trajectories("train", step, groups)
         self.trained.append(groups)
+        self.configs.append(config)
         self.rows.append(metrics or {})
         skipped = not any(is_informative(g) for g in groups)
         result = {"reward_mean": 0.0, "skipped_update": float(skipped)}

@@ -200,6 +200,41 @@ async def test_a_run_trains_on_a_reward_function_of_the_users(tmp_path):
 
 
 @pytest.mark.anyio
+async def test_a_decaying_schedule_lowers_the_learning_rate_of_each_step(tmp_path):
+    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "tv" else "train"
+
+    async def by_position(group: TrajectoryGroup) -> list[float]:
+        return [float(i) for i in range(len(group.trajectories))]
+
+    with LocalChatServer(_policy) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=4, groups_per_step=1, rollouts_per_group=2, eval_every=0,
+                           lr_schedule="linear", write_report=False)  # fmt: skip
+        config.train.learning_rate = 2e-3
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False, reward=by_position)  # fmt: skip
+        await run.prepare(scenarios)
+        for _ in range(4):
+            await run._step(_summary(run))
+    assert [c.learning_rate for c in backend.configs] == pytest.approx([2e-3, 1.5e-3, 1e-3, 5e-4])
+    assert config.train.learning_rate == 2e-3  # the run's own setting is left as given
+
+
+def test_learning_rate_schedules():
+    from mcprl.train import scheduled_lr
+
+    assert [scheduled_lr(1.0, "constant", s, 4) for s in (1, 4, 9)] == [1.0, 1.0, 1.0]
+    assert [scheduled_lr(1.0, "linear", s, 4) for s in (1, 2, 3, 4)] == [1.0, 0.75, 0.5, 0.25]
+    cosine = [scheduled_lr(1.0, "cosine", s, 4) for s in (1, 2, 3, 4)]
+    assert cosine[0] == 1.0 and cosine[2] == pytest.approx(0.5) and 0 < cosine[3] < 0.25
+    assert scheduled_lr(1.0, "linear", 7, 4) == 0.0  # past the end: no update left to make
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'step'"):
+        scheduled_lr(1.0, "step", 1, 4)
+
+
+@pytest.mark.anyio
 async def test_a_judge_given_to_the_run_is_the_one_that_ranks(tmp_path):
     from ruler import Judge
     from tests.helpers import ScriptedJudge, by_content
