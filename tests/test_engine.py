@@ -112,6 +112,22 @@ def test_tool_call_numbers_have_bounded_length(engine):
     assert accepts(other) and not accepts(other + "1234567890123")
 
 
+def test_tool_call_arguments_are_compact_json(engine):
+    """Calls come out spaced as the chat template shows them; a trained small model filled free
+    whitespace with tabs (`{"a":\t52`) and lost its number copying there."""
+    grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
+    tok = engine.tokenizer
+
+    def accepts(text: str) -> bool:
+        matcher = engine.grammars.matcher(grammar)
+        return all(matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False))
+
+    head = '<tool_call>\n{"name": "multiply", "arguments": '
+    assert accepts(head + '{"a": 12, "b": 32}}\n</tool_call>')
+    for spaced in ('{"a":\t52', '{"a":12', '{ "a"', '{"a": 12 ,', '{"a":  12'):
+        assert not accepts(head + spaced), spaced
+
+
 def test_a_grammar_that_has_ended_is_not_asked_again(engine):
     """With ignore_eos a row goes on past its grammar's end: unconstrained, and no crash."""
     grammar = engine.grammars.compile(CALC_TOOLS[:1], "required", None)

@@ -42,7 +42,9 @@ def _arguments_grammar(schema: dict[str, Any]) -> str:
 
 @functools.lru_cache(maxsize=1024)  # the same tools come with every request of a run
 def _bounded_ebnf(schema: str) -> str:
-    ebnf = str(xgr.Grammar.from_json_schema(schema, max_whitespace_cnt=1))
+    # Compact JSON (`{"a": 1, "b": 2}`), as the chat template shows calls: free whitespace slots
+    # are where a trained small model drifts (tabs before numbers), and its copying breaks there.
+    ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
     k = MAX_NUMBER_DIGITS
     ebnf = ebnf.replace("[1-9] [0-9]*", f"[1-9] [0-9]{{0, {k - 1}}}")
     return re.sub(r"(_digits\)?\)?)\{1, -1\}", rf"\1{{1, {k}}}", ebnf)
