@@ -96,7 +96,7 @@ def test_grammar_rows_and_free_rows_mixed_in_one_batch_all_keep_their_rules(engi
 
 def test_tool_call_numbers_have_bounded_length(engine):
     """A small model can write digits until its token limit; the grammar stops a number at 12
-    digits each side of its point, in every offered tool."""
+    digits each side of its point and 3 in its exponent, in every offered tool."""
     grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
     tok = engine.tokenizer
 
@@ -108,6 +108,8 @@ def test_tool_call_numbers_have_bounded_length(engine):
     assert accepts(head + '123456789012.123456789012, "b": -2e10}}\n</tool_call>')
     assert not accepts(head + "1234567890123")
     assert not accepts(head + "2.1234567890123")
+    assert accepts(head + '1.5e308, "b": 2E-12}}\n</tool_call>')
+    assert not accepts(head + "79.795373999999E+6105")  # float64 ends at 1e308
     other = '<tool_call>\n{"name": "convert_units", "arguments": {"value": 1.5'
     assert accepts(other) and not accepts(other + "1234567890123")
 

@@ -33,6 +33,9 @@ class GrammarError(ValueError):
 # holds about 17 significant digits, and a small model can otherwise write digits until its
 # token limit (`"b": 29.3250011111111112311001113124999…`), ending the attempt with no call.
 MAX_NUMBER_DIGITS = 12
+# An exponent has at most 3 digits: float64 ends at 1e308. A trained small model otherwise writes
+# `79.795373999999E+6105`, which parses as infinity or fails the call.
+MAX_EXPONENT_DIGITS = 3
 
 
 def _arguments_grammar(schema: dict[str, Any]) -> str:
@@ -45,8 +48,9 @@ def _bounded_ebnf(schema: str) -> str:
     # Compact JSON (`{"a": 1, "b": 2}`), as the chat template shows calls: free whitespace slots
     # are where a trained small model drifts (tabs before numbers), and its copying breaks there.
     ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
-    k = MAX_NUMBER_DIGITS
+    k, e = MAX_NUMBER_DIGITS, MAX_EXPONENT_DIGITS
     ebnf = ebnf.replace("[1-9] [0-9]*", f"[1-9] [0-9]{{0, {k - 1}}}")
+    ebnf = re.sub(r"(\[eE\][^\n]*?_digits\)?\)?)\{1, -1\}", rf"\1{{1, {e}}}", ebnf)
     return re.sub(r"(_digits\)?\)?)\{1, -1\}", rf"\1{{1, {k}}}", ebnf)
 
 
