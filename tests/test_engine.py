@@ -94,15 +94,20 @@ def test_grammar_rows_and_free_rows_mixed_in_one_batch_all_keep_their_rules(engi
         jsonschema.validate(json.loads(fn["arguments"]), schemas[fn["name"]])
 
 
+def _accepts(engine, grammar, text: str) -> bool:
+    """Whether `grammar` lets `text` be written, token by token."""
+    matcher = engine.grammars.matcher(grammar)
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    return all(matcher.accept_token(t) for t in ids)
+
+
 def test_tool_call_numbers_have_bounded_length(engine):
     """A small model can write digits until its token limit; the grammar stops a number at 12
     digits each side of its point and 3 in its exponent, in every offered tool."""
     grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
-    tok = engine.tokenizer
 
     def accepts(text: str) -> bool:
-        matcher = engine.grammars.matcher(grammar)
-        return all(matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False))
+        return _accepts(engine, grammar, text)
 
     head = '<tool_call>\n{"name": "multiply", "arguments": {"a": '
     assert accepts(head + '123456789012.123456789012, "b": -2e10}}\n</tool_call>')
@@ -118,11 +123,9 @@ def test_tool_call_arguments_are_compact_json(engine):
     """Calls come out spaced as the chat template shows them; a trained small model filled free
     whitespace with tabs (`{"a":\t52`) and lost its number copying there."""
     grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
-    tok = engine.tokenizer
 
     def accepts(text: str) -> bool:
-        matcher = engine.grammars.matcher(grammar)
-        return all(matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False))
+        return _accepts(engine, grammar, text)
 
     head = '<tool_call>\n{"name": "multiply", "arguments": '
     assert accepts(head + '{"a": 12, "b": 32}}\n</tool_call>')
