@@ -78,7 +78,8 @@ def test_report_shows_settings_trainer_metrics_and_each_attempts_outcome(run_dir
     html = write_report(run_dir).read_text()
     assert (run_dir / "trainer.png").stat().st_size > 5000 and 'src="trainer.png"' in html
     assert "<td>LoRA</td><td>r 8, alpha 16</td>" in html
-    assert "<td>steps</td><td>3</td>" in html and "<td>learning rate</td><td>0.001</td>" in html
+    assert "<td>steps</td><td>3</td>" in html
+    assert "<td>learning rate</td><td>0.001, constant</td>" in html
     assert "stop: called complete_task · answer 2 + 3 = 5 · reference 5" in html
     assert "evaluation" in html  # the time chart's phases are in its caption
 
