@@ -46,6 +46,7 @@ SERVER_HELP = (
     "over stdio, an mcpServers config file (file.json or file.json#name), or example:NAME "
     "(calculator, notes, catalog)"
 )
+DTYPES = ["auto", "bfloat16", "float32"]
 
 
 def _width() -> int:
@@ -151,7 +152,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from mcprl.serving import Engine, build_app, load_model, pick_device
+    from mcprl.serving import Engine, build_app, load_model, pick_device, pick_dtype
     from mcprl.serving._server import allowed_hosts, check_bind
 
     api_key = args.api_key or os.environ.get("MCPRL_API_KEY") or None
@@ -162,11 +163,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--allow-adapter-dir {d}: no such directory")
     _quiet_libraries()
     _set_threads(args)
-    pick_device(args.device)  # a wrong --device fails before the model loads
+    device = pick_device(args.device)  # a wrong --device fails before the model loads
     if args.train:
         return _serve_backend(args, api_key)
-    print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    dtype = pick_dtype(args.dtype, device)
+    print(f"loading {args.model} ({dtype} on {device}) …", file=sys.stderr)
+    loaded = load_model(args.model, dtype=dtype, device=device)
     engine = Engine(loaded, max_batch_size=args.max_batch_size)
     for item in args.lora or []:
         name, _, path = item.partition("=")
@@ -214,7 +216,9 @@ def _serve_backend(args: argparse.Namespace, api_key: str | None) -> int:
         api_key=api_key or "",
         max_batch_size=args.max_batch_size,
     )
-    print(f"loading {args.model} ({args.dtype}) …", file=sys.stderr)
+    print(
+        f"loading {args.model} ({backend.inference_dtype} on {backend.device}) …", file=sys.stderr
+    )
     backend.start(args.model, routes=backend_routes(backend))
     print(
         f"serving {args.model!r} at http://{args.host}:{args.port}/v1 and the backend API at "
@@ -614,9 +618,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=["bfloat16", "float32"],
-        default="bfloat16",
-        help="inference and training weights; LoRA weights stay float32 (default bfloat16)",
+        choices=DTYPES,
+        default="auto",
+        help="inference and training weights; LoRA weights stay float32 (default auto: "
+        "bfloat16 on a GPU and on a CPU with native bfloat16, else float32)",
     )
     _add_device(p)
     _add_backend(p)
@@ -805,7 +810,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table = format_table(rows)
         return table, writer.finish(rows, groups, table)
 
-    args.dtype = "bfloat16"
+    args.dtype = "auto"
     with _backend(args) as backend:
         table, out = anyio.run(run, backend)
     print(table)
@@ -994,7 +999,10 @@ def _parser() -> argparse.ArgumentParser:
         help="smollm2-135m (the default), a model directory or a hub id",
     )
     v.add_argument(
-        "--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="(default bfloat16)"
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="(default auto: bfloat16 where the hardware has it, else float32)",
     )
     _add_device(v)
     v.add_argument(

@@ -255,7 +255,9 @@ class TrainingRun:
         await self.model.register(self.backend)
         step = self.model.step
         resumed = f"resuming at step {step}" if step else "a fresh LoRA at step 0"
-        self.say(f"✓ model {self.config.base_model} loaded; {self.model.name}: {resumed}")
+        dtype, device = (getattr(self.backend, k, None) for k in ("inference_dtype", "device"))
+        where = f" ({dtype} on {device})" if dtype and device else ""
+        self.say(f"✓ model {self.config.base_model} loaded{where}; {self.model.name}: {resumed}")
         if self.reward in ("ruler", "both"):
             given = self.custom_reward
             self.judge = given if isinstance(given, Judge) else self._make_judge()

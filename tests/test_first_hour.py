@@ -212,3 +212,42 @@ async def test_the_attempts_bar_moves_per_turn(capsys):
     assert "1 turn, " in err and "6 turns" in err and "tok/s" in err  # before any attempt ends
     assert "0/2 attempts" in err
     note_turn(5)  # outside a gather: nothing to update, no error
+
+
+AVX2_ONLY = "flags\t\t: fpu sse4_1 sse4_2 avx fma avx2\n"
+ZEN4 = "flags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "native"),
+    [
+        (AVX2_ONLY, False),
+        (ZEN4, True),
+        ("flags : avx2 amx_bf16 amx_tile\n", True),
+        ("Features\t: fp asimd bf16 i8mm\n", True),  # Arm
+        ("processor : 0\n", False),
+    ],
+)
+def test_native_bf16_reads_the_cpu_flags(cpuinfo, native):
+    from mcprl.serving import native_bf16
+
+    assert native_bf16(cpuinfo) is native
+
+
+def test_dtype_auto_takes_float32_where_the_cpu_would_emulate_bfloat16(monkeypatch, caplog):
+    """On an AVX2-only CPU a bfloat16 run is ~100x slower: `auto` (the default) avoids it, and
+    asking for bfloat16 there still works, with a warning that says what to do."""
+    from mcprl.serving import _models, pick_dtype
+
+    monkeypatch.setattr(_models, "native_bf16", lambda cpuinfo=None: False)
+    assert pick_dtype("auto", "cpu") == pick_dtype(None, "cpu") == "float32"
+    assert pick_dtype("float32", "cpu") == "float32"
+    with caplog.at_level("WARNING"):
+        assert pick_dtype("bfloat16", "cpu") == "bfloat16"
+    assert "--dtype auto or float32" in caplog.text
+    monkeypatch.setattr(_models, "native_bf16", lambda cpuinfo=None: True)
+    assert pick_dtype("auto", "cpu") == "bfloat16"
+    with pytest.raises(ValueError, match="auto, bfloat16 or float32"):
+        pick_dtype("float16", "cpu")
+    for command in (["train", "x"], ["serve"]):
+        assert _parser().parse_args(command).dtype == "auto"

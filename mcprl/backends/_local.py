@@ -66,8 +66,8 @@ class LocalBackend(StoredRuns):
         self,
         path: str | Path = ".mcprl",
         *,
-        inference_dtype: str = "bfloat16",
-        train_dtype: str = "bfloat16",
+        inference_dtype: str = "auto",
+        train_dtype: str = "auto",
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
@@ -78,12 +78,13 @@ class LocalBackend(StoredRuns):
     ) -> None:
         """`api_key`: what the endpoint requires (default: a random key known to this process
         only; "" for none); `host`/`port`: where it listens (default: loopback, a free port)."""
-        from mcprl.serving import pick_device
+        from mcprl.serving import pick_device, pick_dtype
 
         self.device = pick_device(device)  # inference and training (a GPU where present)
         self.path = Path(path)
-        self.inference_dtype = inference_dtype
-        self.train_dtype = train_dtype
+        # `auto`: bfloat16 where the hardware has it, else float32 (see `pick_dtype`)
+        self.inference_dtype = pick_dtype(inference_dtype, self.device)
+        self.train_dtype = pick_dtype(train_dtype, self.device)
         self.host, self.port, self.max_batch_size = host, port, max_batch_size
         self._api_key = api_key
         self._make_trainer = trainer or self._lora_trainer

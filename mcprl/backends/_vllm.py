@@ -146,7 +146,7 @@ class VLLMBackend(LocalBackend):
         sleep_mode: bool = False,
         vllm_args: Sequence[str] = (),
         gpu_memory_utilization: float = 0.5,
-        train_dtype: str = "bfloat16",
+        train_dtype: str = "auto",
         device: str | None = "auto",
         trainer: Any = None,
     ) -> None:

@@ -22,7 +22,9 @@ from mcprl.serving._models import (
     cache_dir,
     check_model,
     load_model,
+    native_bf16,
     pick_device,
+    pick_dtype,
     resolve_model,
 )
 from mcprl.serving._server import ServerHandle, build_app, start_server
@@ -39,7 +41,9 @@ __all__ = [
     "cache_dir",
     "check_model",
     "load_model",
+    "native_bf16",
     "pick_device",
+    "pick_dtype",
     "resolve_model",
     "start_server",
 ]
@@ -57,7 +61,7 @@ class LocalServer:
         self,
         model: str = DEFAULT_MODEL,
         *,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
