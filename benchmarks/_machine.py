@@ -55,4 +55,26 @@ def describe_machine() -> str:
     except OSError:
         pass
     fp32, bf16 = peak_gflops(torch.float32, seconds=1.0), peak_gflops(torch.bfloat16, seconds=1.0)
-    return f"{cpu}, {os.cpu_count()} cores; matmul peak fp32 {fp32:.0f}, bf16 {bf16:.0f} GFLOP/s"
+    emulated = "" if native_bf16() else " (emulated: no avx512_bf16/amx_bf16)"
+    return (
+        f"{cpu}, {os.cpu_count()} cores; matmul peak fp32 {fp32:.0f}, bf16 {bf16:.1f}{emulated}"
+        " GFLOP/s"
+    )
+
+
+def native_bf16() -> bool:
+    """`mcprl.serving.native_bf16`; True under an older mcprl that lacks it (a benchmark of an
+    older revision imports that one)."""
+    try:
+        from mcprl.serving import native_bf16 as native
+    except ImportError:
+        return True
+    return native()
+
+
+def default_dtypes() -> list[str]:
+    """The dtypes worth measuring here: bfloat16 and float32 where bfloat16 is native (or on a
+    GPU), else float32 alone (emulated bfloat16 runs ~100x slower; ask for it by name)."""
+    if torch.cuda.is_available() or native_bf16():
+        return ["bfloat16", "float32"]
+    return ["float32"]

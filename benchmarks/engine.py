@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # with --compare, mcprl must come from the worktree on PYTHONPATH: this tree goes last
 sys.path.insert(len(sys.path) if "PYTHONPATH" in os.environ else 0, str(ROOT))
 
-from _machine import checkout, peak_gflops  # noqa: E402
+from _machine import checkout, default_dtypes, peak_gflops  # noqa: E402
 
 from mcprl.serving import LocalServer, load_model, resolve_model  # noqa: E402
 from mcprl.serving._chat import render_prompt  # noqa: E402
@@ -243,7 +243,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    p.add_argument("--dtypes", nargs="+", default=default_dtypes())
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-transformers-serve", action="store_true")
     args = p.parse_args()

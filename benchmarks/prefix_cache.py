@@ -69,7 +69,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=8)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32 (default auto)")
     args = p.parse_args()
     loaded = load_model("smollm2-135m", dtype=args.dtype)
     prompts = agent_prompts(loaded.tokenizer, args.rows)
@@ -86,7 +86,7 @@ def main() -> None:
     off, on = results[False][0], results[True][0]
     same = results[False][1] == results[True][1]
     print(describe_machine())
-    print(f"{args.rows} agent prompts of {min(lengths)}-{max(lengths)} tokens, {args.dtype}, ")
+    print(f"{args.rows} agent prompts of {min(lengths)}-{max(lengths)} tokens, {loaded.dtype}, ")
     print(f"{args.tokens} new tokens each; median of {args.repeats} waves\n")
     print("| engine | wave time | speed-up |")
     print("|---|---|---|")

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _machine import peak_gflops  # noqa: E402
+from _machine import default_dtypes, peak_gflops  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -193,7 +193,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=256)
     p.add_argument("--completion", type=int, default=128)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--dtypes", nargs="+", default=default_dtypes()[::-1])
     p.add_argument("--shared", type=int, default=0, help="prompt tokens all sequences share")
     p.add_argument("--child", choices=["mcprl", "mcprl-shared", "trl"])
     p.add_argument("--dtype")
