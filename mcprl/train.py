@@ -115,12 +115,13 @@ class RunConfig(BaseModel):
         default_factory=list, description="copies of history.jsonl (see mcprl.trackers)"
     )
     train: TrainConfig = Field(
-        # a LoRA on the 135M default learns in a few steps only at this rate; use 1e-5..5e-5
-        # for billion-parameter models (see benchmarks/RESULTS.md, "Does training help?")
-        default_factory=lambda: TrainConfig(learning_rate=1e-3)
+        # a LoRA on the 135M default learns in a few steps only at this rate, decaying linearly
+        # (L11, L13: at a constant 2e-3 it collapsed); use 1e-5..5e-5 for billion-parameter
+        # models (see benchmarks/RESULTS.md, "Does training help?")
+        default_factory=lambda: TrainConfig(learning_rate=2e-3)
     )
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
-        default="constant",
+        default="linear",
         description="the learning rate over the run: train.learning_rate at step 1, then "
         "constant, or decaying to 0 at `steps` along a line or a half cosine",
     )

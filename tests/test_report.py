@@ -79,7 +79,7 @@ def test_report_shows_settings_trainer_metrics_and_each_attempts_outcome(run_dir
     assert (run_dir / "trainer.png").stat().st_size > 5000 and 'src="trainer.png"' in html
     assert "<td>LoRA</td><td>r 8, alpha 16</td>" in html
     assert "<td>steps</td><td>3</td>" in html
-    assert "<td>learning rate</td><td>0.001, constant</td>" in html
+    assert "<td>learning rate</td><td>0.002, linear</td>" in html
     assert "stop: called complete_task · answer 2 + 3 = 5 · reference 5" in html
     assert "evaluation" in html  # the time chart's phases are in its caption
 
