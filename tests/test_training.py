@@ -307,7 +307,7 @@ def test_gradient_accumulation_equals_one_full_batch(base_path):
         # the update is negligible; read back the gradient the optimizer saw via its state
         state = trainer.optimizer.state
         grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
-    assert torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-4)
+    _assert_same_gradient(grads[0], grads[1])
 
 
 @pytest.mark.slow
@@ -341,8 +341,17 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
     assert len(batches) == 4 and all(len(b.prefix) == len(prompt) for b in batches)
     assert ran == [4]  # the last configuration ran the prefix once for its four micro-batches
     assert tokens[1] < tokens[0] / 2  # the prompt ran once instead of four times
-    assert torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-4)
-    assert torch.allclose(grads[2], grads[3], atol=1e-7, rtol=1e-4)
+    _assert_same_gradient(grads[0], grads[1])
+    _assert_same_gradient(grads[2], grads[3])
+
+
+def _assert_same_gradient(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal up to float32 summation order, over the whole gradient: the kernels differ between
+    CPUs (on an AVX2-only EPYC, 1 of 2.4M entries fell outside an elementwise rtol of 1e-4, with
+    the difference's norm 1.2e-5 of the gradient's). A lost prefix gradient is off by O(1)."""
+    diff = got - want
+    assert diff.norm() <= 1e-4 * want.norm(), float(diff.norm() / want.norm())
+    assert diff.abs().max() <= 1e-4 * want.abs().max(), float(diff.abs().max())
 
 
 def _recording(prefix_pass, ran: list[int]):
