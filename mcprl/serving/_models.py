@@ -13,6 +13,7 @@ written: `check_model` is the fast check alone.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -218,16 +219,22 @@ def pick_device(device: str | None = "auto") -> str:
     return device
 
 
+@functools.cache
+def _cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process ("" where there is none)."""
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware: x86 `avx512_bf16` or
     `amx_bf16`, Arm `bf16` (read from /proc/cpuinfo's flags; False where it cannot be read).
     Without it torch emulates bfloat16 products, about 100x slower than float32 (measured on an
     AVX2-only AMD EPYC: 1.2 against 123 GFLOP/s)."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return False
+        cpuinfo = _cpuinfo()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip().lower() in ("flags", "features"):
