@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from mcprl.serving._grammar import GrammarFactory, apply_bitmask
+from mcprl.serving._grammar import CanonicalTokens, GrammarFactory, apply_bitmask
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
 from mcprl.serving._models import LoadedModel
@@ -84,6 +84,7 @@ class _Row:
     choice: int
     draws: torch.Tensor
     matcher: Any = None
+    respell: torch.Generator | None = None  # draws for sampling again (CanonicalTokens)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     model_logprobs: list[float] = field(default_factory=list)
@@ -105,6 +106,7 @@ class Engine:
         max_batch_size: int = 32,
         batch_wait_s: float = 0.01,
         prefix_cache: bool = True,
+        canonical: bool = True,
     ):
         self.loaded = loaded
         self.model = loaded.model
@@ -116,6 +118,10 @@ class Engine:
         self.stop_token_ids = _stop_ids(self.tokenizer, self.model)
         self.grammars = GrammarFactory(
             self.tokenizer, int(config.vocab_size), sorted(self.stop_token_ids)
+        )
+        use_canonical = canonical and os.environ.get("MCPRL_CANONICAL", "1") != "0"
+        self.canonical = (
+            CanonicalTokens(self.tokenizer, int(config.vocab_size)) if use_canonical else None
         )
         self.adapters: dict[str, str] = {}
         self._adapters = ServedAdapters(self.model)
@@ -414,6 +420,9 @@ class Engine:
                 stop.double() + done.double(),  # 2: stopped, 1: hit a length limit, 0: goes on
             ]
         ).tolist()  # the one host-device sync of the step
+        if self.canonical is not None:
+            for k in constrained:
+                self._respell(batch, k, host, tokens, logp, model_logp)
         finished = []
         for k, row in enumerate(rows):
             token = int(host[0][k])
@@ -434,6 +443,44 @@ class Engine:
                 finished.append(k)
         return tokens, finished
 
+    def _respell(self, batch: _Batch, k: int, host: list[list[float]], tokens, logp, model_logp):
+        """Sample row k again, without its token, while that token would split text the
+        tokenizer spells as one token (`CanonicalTokens`); a few tries, else keep the first."""
+        row = batch.rows[k]
+        first = int(host[0][k])
+        if self.canonical.canonical(row.matcher, first):
+            return
+        if row.respell is None:
+            row.respell = torch.Generator()
+            seed = row.request.params.seed
+            row.respell.manual_seed(
+                (seed * 1_000_003 + row.choice + 1)
+                if seed is not None
+                else int.from_bytes(os.urandom(7))
+            )
+        remaining = logp[k].detach().float().cpu().clone()
+        token = first
+        for _ in range(_RESPELL_TRIES):
+            remaining[token] = float("-inf")
+            if not bool(torch.isfinite(remaining).any()):
+                return
+            remaining = torch.log_softmax(remaining, dim=-1)
+            if bool(batch.greedy[k]):
+                token = int(remaining.argmax())
+            else:
+                token = int(torch.multinomial(remaining.exp(), 1, generator=row.respell))
+            if self.canonical.canonical(row.matcher, token):
+                break
+        else:
+            return
+        stop = token in self.stop_token_ids and bool(batch.stops_at_eos[k])
+        done = stop or int(batch.count[k]) >= int(batch.max_len[k])
+        host[0][k] = token
+        host[1][k] = float(remaining[token])
+        host[2][k] = float(model_logp[k, token])
+        host[3][k] = float(stop) + float(done)
+        tokens[k] = token
+
     def _stop_tensor(self, device: torch.device) -> torch.Tensor:
         if self._stops is None or self._stops.device != device:
             self._stops = torch.tensor(sorted(self.stop_token_ids), device=device)
@@ -453,6 +500,9 @@ class Engine:
         )
         if all(r is not None for r in request.results) and not request.future.done():
             request.future.set_result(list(request.results))
+
+
+_RESPELL_TRIES = 8
 
 
 @dataclass

@@ -22,7 +22,7 @@ import xgrammar as xgr
 
 from mcprl.serving._chat import TOOL_CALL_BEGIN, TOOL_CALL_END
 
-__all__ = ["GrammarError", "GrammarFactory"]
+__all__ = ["CanonicalTokens", "GrammarError", "GrammarFactory"]
 
 
 class GrammarError(ValueError):
@@ -143,6 +143,69 @@ class GrammarFactory:
 
     def bitmask(self, rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(rows, self.vocab_size)
+
+
+class CanonicalTokens:
+    """Keeps grammar-constrained sampling on the tokenizer's own spelling of the text.
+
+    A grammar allows every token that spells a valid prefix, so a model can write a fixed name
+    as fragments no tokenizer would produce: `complete_task` as `c`+`om`+`ple`+`te`+`_`+`task`,
+    `}}` as `}`+`}`. The model is then conditioned on token sequences it never saw, at
+    log-probabilities down to -24 (measured on SmolLM2-135M, in 70-100% of the tool calls of a
+    training run), and GRPO trains on those. `canonical(matcher, token)` says whether `token`
+    can stand as a token of the tokenizer's own encoding: False when every character the grammar
+    allows next would merge with it (`c` before `o` encodes as `co`), so the engine samples again
+    without it. Free text is left alone: where many tokens may follow, some next character
+    always keeps the token whole.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, max_followers: int = 512) -> None:
+        self.tokenizer = tokenizer
+        self.max_followers = max_followers
+        count = min(len(tokenizer), vocab_size)
+        texts = tokenizer.batch_decode([[i] for i in range(count)])
+        texts += [""] * (vocab_size - count)
+        special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        # the first character of each token; "" for special tokens, which merge with nothing
+        self._text = ["" if i in special else t for i, t in enumerate(texts)]
+        self._first = [t[:1] for t in self._text]
+        self._mask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._shifts = torch.arange(32, dtype=torch.int32)
+        self.vocab_size = vocab_size
+        self._whole: dict[int, bool] = {}
+        self._keeps: dict[tuple[int, str], bool] = {}
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _stands_alone(self, token: int) -> bool:
+        """The token is its text's own encoding (the check below means nothing otherwise)."""
+        if token not in self._whole:
+            text = self._text[token]
+            self._whole[token] = bool(text) and self._encode(text) == [token]
+        return self._whole[token]
+
+    def _kept_before(self, token: int, char: str) -> bool:
+        key = (token, char)
+        if key not in self._keeps:
+            self._keeps[key] = self._encode(self._text[token] + char)[:1] == [token]
+        return self._keeps[key]
+
+    def canonical(self, matcher: xgr.GrammarMatcher, token: int) -> bool:
+        if not self._stands_alone(token) or not matcher.accept_token(token):
+            return True
+        try:
+            if matcher.is_terminated():
+                return True
+            matcher.fill_next_token_bitmask(self._mask, 0)
+            bits = (self._mask[0, :, None] >> self._shifts) & 1
+            followers = bits.flatten()[: self.vocab_size].nonzero()[:, 0]
+            if len(followers) > self.max_followers:
+                return True
+            chars = {self._first[i] for i in followers.tolist()}
+            return "" in chars or any(self._kept_before(token, c) for c in chars)
+        finally:
+            matcher.rollback(1)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
