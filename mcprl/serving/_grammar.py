@@ -153,10 +153,11 @@ class CanonicalTokens:
     `}}` as `}`+`}`. The model is then conditioned on token sequences it never saw, at
     log-probabilities down to -24 (measured on SmolLM2-135M, in 70-100% of the tool calls of a
     training run), and GRPO trains on those. `canonical(matcher, token)` says whether `token`
-    can stand as a token of the tokenizer's own encoding: False when every character the grammar
-    allows next would merge with it (`c` before `o` encodes as `co`), so the engine samples again
-    without it. Free text is left alone: where many tokens may follow, some next character
-    always keeps the token whole.
+    can stand as a token of the tokenizer's own encoding: False when the text the grammar forces
+    next merges with it (`multi` before `ply"` encodes as `multiply`), or, where the grammar
+    branches, when every character it allows next would (`c` before `o` or `on` encodes as
+    `co`, `con`), so the engine samples again without it. Free text is left alone: where many
+    tokens may follow, some next character always keeps the token whole.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_followers: int = 512) -> None:
@@ -185,10 +186,13 @@ class CanonicalTokens:
             self._whole[token] = bool(text) and self._encode(text) == [token]
         return self._whole[token]
 
-    def _kept_before(self, token: int, char: str) -> bool:
-        key = (token, char)
+    def _kept_before(self, token: int, text: str) -> bool:
+        """The token's text followed by `text` still encodes with the token first."""
+        key = (token, text)
         if key not in self._keeps:
-            self._keeps[key] = self._encode(self._text[token] + char)[:1] == [token]
+            if len(self._keeps) > 100_000:  # forced texts are few; bound a long-lived server
+                self._keeps.clear()
+            self._keeps[key] = self._encode(self._text[token] + text)[:1] == [token]
         return self._keeps[key]
 
     def canonical(self, matcher: xgr.GrammarMatcher, token: int) -> bool:
@@ -197,6 +201,9 @@ class CanonicalTokens:
         try:
             if matcher.is_terminated():
                 return True
+            forced = matcher.find_jump_forward_string()
+            if forced:  # the text that must follow (`ply", "arguments": {"` after `multi`)
+                return self._kept_before(token, forced)
             matcher.fill_next_token_bitmask(self._mask, 0)
             bits = (self._mask[0, :, None] >> self._shifts) & 1
             followers = bits.flatten()[: self.vocab_size].nonzero()[:, 0]
