@@ -133,6 +133,48 @@ def test_tool_call_arguments_are_compact_json(engine):
         assert not accepts(head + spaced), spaced
 
 
+def _one_token(engine, text: str) -> int:
+    (token,) = engine.tokenizer.encode(text, add_special_tokens=False)
+    return token
+
+
+def test_a_token_the_grammar_would_merge_with_what_follows_is_refused(engine):
+    """`c` can only go on as `co…` (`convert_units`), which the tokenizer writes as one token;
+    `}` before the forced `}` is `}}`. Whole tokens pass, and the check leaves the matcher as
+    it was."""
+    grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
+    canonical = engine.canonical.canonical
+    name = engine.grammars.matcher(grammar)
+    assert all(name.accept_token(t) for t in _encode(engine, '<tool_call>\n{"name": "'))
+    for fragment in ("c", "con", "m", "multi"):
+        assert not canonical(name, _one_token(engine, fragment)), fragment
+    for whole in ("convert", "multiply"):
+        assert canonical(name, _one_token(engine, whole)), whole
+    assert name.accept_token(_one_token(engine, "multiply"))  # the checks consumed nothing
+
+    end = engine.grammars.matcher(grammar)
+    text = '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 3'
+    assert all(end.accept_token(t) for t in _encode(engine, text))
+    assert not canonical(end, _one_token(engine, "}"))
+    assert canonical(end, _one_token(engine, "}}")) and canonical(end, _one_token(engine, "4"))
+
+
+def test_constrained_calls_come_out_as_the_tokenizer_spells_them(engine):
+    """Sampled under a grammar, a call's tokens are its text's own encoding: the model is never
+    conditioned on (nor trained on) fragments like `c`+`om`+`ple`+`te` it has not seen."""
+    grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
+    prompt = _prompt(engine, "Convert 5 km to miles, or multiply 6 by 7.", CALC_TOOLS)
+    params = SamplingParams(max_tokens=72, seed=5, temperature=1.0, n=8)
+    for completion in engine.generate_blocking(prompt, params, grammar=grammar):
+        body = completion.token_ids[:-1]  # without the stop token
+        assert completion.finish_reason == "stop", completion.text
+        assert _encode(engine, engine.tokenizer.decode(body)) == body, completion.text
+
+
+def _encode(engine, text: str) -> list[int]:
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
 def test_a_grammar_that_has_ended_is_not_asked_again(engine):
     """With ignore_eos a row goes on past its grammar's end: unconstrained, and no crash."""
     grammar = engine.grammars.compile(CALC_TOOLS[:1], "required", None)
