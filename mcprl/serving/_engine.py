@@ -444,11 +444,13 @@ class Engine:
         return tokens, finished
 
     def _respell(self, batch: _Batch, k: int, host: list[list[float]], tokens, logp, model_logp):
-        """Sample row k again, without its token, while that token would split text the
-        tokenizer spells as one token (`CanonicalTokens`); a few tries, else keep the first."""
+        """Write row k's token as the tokenizer spells it (`CanonicalTokens`): a token that
+        would be split from the text after it becomes a longer token spelling its text, drawn
+        by the model's probabilities among those the grammar allows."""
         row = batch.rows[k]
-        first = int(host[0][k])
-        if self.canonical.canonical(row.matcher, first):
+        token = int(host[0][k])
+        options = self.canonical.respellings(row.matcher, token)
+        if options is None:
             return
         if row.respell is None:
             row.respell = torch.Generator()
@@ -458,25 +460,30 @@ class Engine:
                 if seed is not None
                 else int.from_bytes(os.urandom(7))
             )
-        remaining = logp[k].detach().float().cpu().clone()
-        token = first
+        sampled = logp[k].detach().float().cpu()
+        path = float(sampled[token])  # log-probability of the text chosen so far
         for _ in range(_RESPELL_TRIES):
-            remaining[token] = float("-inf")
-            if not bool(torch.isfinite(remaining).any()):
-                return
-            remaining = torch.log_softmax(remaining, dim=-1)
+            choices = torch.tensor(options, dtype=torch.long)
+            allowed = sampled[choices]
+            keep = torch.isfinite(allowed)
+            if not bool(keep.any()):
+                return  # nothing spells it better here: keep the model's token
+            choices, allowed = choices[keep], torch.log_softmax(allowed[keep], dim=-1)
             if bool(batch.greedy[k]):
-                token = int(remaining.argmax())
+                pick = int(allowed.argmax())
             else:
-                token = int(torch.multinomial(remaining.exp(), 1, generator=row.respell))
-            if self.canonical.canonical(row.matcher, token):
+                pick = int(torch.multinomial(allowed.exp(), 1, generator=row.respell))
+            token, path = int(choices[pick]), path + float(allowed[pick])
+            options = self.canonical.respellings(row.matcher, token)
+            if options is None:
                 break
         else:
             return
         stop = token in self.stop_token_ids and bool(batch.stops_at_eos[k])
         done = stop or int(batch.count[k]) >= int(batch.max_len[k])
         host[0][k] = token
-        host[1][k] = float(remaining[token])
+        # the token's own probability and that of reaching it through a shorter one
+        host[1][k] = float(torch.logaddexp(sampled[token], torch.tensor(path)))
         host[2][k] = float(model_logp[k, token])
         host[3][k] = float(stop) + float(done)
         tokens[k] = token

@@ -152,12 +152,18 @@ class CanonicalTokens:
     as fragments no tokenizer would produce: `complete_task` as `c`+`om`+`ple`+`te`+`_`+`task`,
     `}}` as `}`+`}`. The model is then conditioned on token sequences it never saw, at
     log-probabilities down to -24 (measured on SmolLM2-135M, in 70-100% of the tool calls of a
-    training run), and GRPO trains on those. `canonical(matcher, token)` says whether `token`
-    can stand as a token of the tokenizer's own encoding: False when the text the grammar forces
-    next merges with it (`multi` before `ply"` encodes as `multiply`), or, where the grammar
-    branches, when every character it allows next would (`c` before `o` or `on` encodes as
-    `co`, `con`), so the engine samples again without it. Free text is left alone: where many
-    tokens may follow, some next character always keeps the token whole.
+    training run), and GRPO trains on those.
+
+    `respellings(matcher, token)` is None when `token` can stand as a token of the tokenizer's
+    own encoding. Otherwise it lists the tokens that spell the same text and go on: the one that
+    encodes the token with the text the grammar forces next (`multi` before `ply"`: `multiply`;
+    `}` before `}`: `}}`), or, where the grammar branches and every character it allows next
+    would merge (`c` before `o`), every longer token starting with its text (`co`, `convert`,
+    `complete`...). The engine then writes one of those instead: the model's choice of text is
+    kept, only its spelling changes. (Sampling again without the token instead made the model
+    avoid `}}`, the only allowed end of a number, and write `26.000000011010E+268`.)
+    Free text is left alone: where many tokens may follow, some next character keeps the token
+    whole.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_followers: int = 512) -> None:
@@ -167,14 +173,16 @@ class CanonicalTokens:
         texts = tokenizer.batch_decode([[i] for i in range(count)])
         texts += [""] * (vocab_size - count)
         special = set(getattr(tokenizer, "all_special_ids", []) or [])
-        # the first character of each token; "" for special tokens, which merge with nothing
+        # each token's text and its first character; "" for special tokens, which merge with
+        # nothing
         self._text = ["" if i in special else t for i, t in enumerate(texts)]
         self._first = [t[:1] for t in self._text]
         self._mask = xgr.allocate_token_bitmask(1, vocab_size)
         self._shifts = torch.arange(32, dtype=torch.int32)
         self.vocab_size = vocab_size
         self._whole: dict[int, bool] = {}
-        self._keeps: dict[tuple[int, str], bool] = {}
+        self._first_token: dict[tuple[int, str], int] = {}
+        self._longer: dict[int, list[int]] = {}
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -186,33 +194,47 @@ class CanonicalTokens:
             self._whole[token] = bool(text) and self._encode(text) == [token]
         return self._whole[token]
 
-    def _kept_before(self, token: int, text: str) -> bool:
-        """The token's text followed by `text` still encodes with the token first."""
+    def _leading(self, token: int, text: str) -> int:
+        """The first token of the encoding of the token's text followed by `text`."""
         key = (token, text)
-        if key not in self._keeps:
-            if len(self._keeps) > 100_000:  # forced texts are few; bound a long-lived server
-                self._keeps.clear()
-            self._keeps[key] = self._encode(self._text[token] + text)[:1] == [token]
-        return self._keeps[key]
+        if key not in self._first_token:
+            if len(self._first_token) > 100_000:  # forced texts are few; bound a long-lived server
+                self._first_token.clear()
+            self._first_token[key] = self._encode(self._text[token] + text)[0]
+        return self._first_token[key]
 
-    def canonical(self, matcher: xgr.GrammarMatcher, token: int) -> bool:
+    def _extensions(self, token: int) -> list[int]:
+        if token not in self._longer:
+            text = self._text[token]
+            self._longer[token] = [
+                i for i, t in enumerate(self._text) if len(t) > len(text) and t.startswith(text)
+            ]
+        return self._longer[token]
+
+    def respellings(self, matcher: xgr.GrammarMatcher, token: int) -> list[int] | None:
         if not self._stands_alone(token) or not matcher.accept_token(token):
-            return True
+            return None
         try:
             if matcher.is_terminated():
-                return True
+                return None
             forced = matcher.find_jump_forward_string()
             if forced:  # the text that must follow (`ply", "arguments": {"` after `multi`)
-                return self._kept_before(token, forced)
+                leading = self._leading(token, forced)
+                return None if leading == token else [leading]
             matcher.fill_next_token_bitmask(self._mask, 0)
             bits = (self._mask[0, :, None] >> self._shifts) & 1
             followers = bits.flatten()[: self.vocab_size].nonzero()[:, 0]
             if len(followers) > self.max_followers:
-                return True
+                return None
             chars = {self._first[i] for i in followers.tolist()}
-            return "" in chars or any(self._kept_before(token, c) for c in chars)
+            if "" in chars or any(self._leading(token, c) == token for c in chars):
+                return None
+            return self._extensions(token)
         finally:
             matcher.rollback(1)
+
+    def canonical(self, matcher: xgr.GrammarMatcher, token: int) -> bool:
+        return self.respellings(matcher, token) is None
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
