@@ -15,6 +15,7 @@ import torch
 
 from mcprl.serving import Engine, SamplingParams, load_model
 from mcprl.serving._chat import parse_tool_calls, render_prompt
+from mcprl.serving._grammar import CanonicalTokens
 from mcprl.serving._lora import AdapterError, LoraLinear
 from tests.test_serving import CALC_TOOLS, MODEL
 
@@ -138,30 +139,34 @@ def _one_token(engine, text: str) -> int:
     return token
 
 
-def test_a_token_the_grammar_would_merge_with_what_follows_is_refused(engine):
-    """`c` can only go on as `co…` (`convert_units`), which the tokenizer writes as one token;
-    `}` before the forced `}` is `}}`. Whole tokens pass, and the check leaves the matcher as
-    it was."""
+def test_a_token_the_grammar_would_merge_with_what_follows_is_respelled(engine):
+    """`c` can only go on as `co…` (`convert_units`), which the tokenizer writes as longer
+    tokens; `}` before the forced `}` is `}}`. Whole tokens stand, and the check leaves the
+    matcher as it was."""
     grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
-    canonical = engine.canonical.canonical
+    respellings = CanonicalTokens(engine.tokenizer, engine.grammars.vocab_size).respellings
     name = engine.grammars.matcher(grammar)
     assert all(name.accept_token(t) for t in _encode(engine, '<tool_call>\n{"name": "'))
-    for fragment in ("c", "con", "m", "multi"):
-        assert not canonical(name, _one_token(engine, fragment)), fragment
-    for whole in ("convert", "multiply"):
-        assert canonical(name, _one_token(engine, whole)), whole
-    assert name.accept_token(_one_token(engine, "multiply"))  # the checks consumed nothing
+    convert, multiply = _one_token(engine, "convert"), _one_token(engine, "multiply")
+    assert convert in respellings(name, _one_token(engine, "c"))
+    assert respellings(name, _one_token(engine, "con")) == [convert]  # forced: `vert_units"`
+    assert respellings(name, _one_token(engine, "multi")) == [multiply]
+    assert respellings(name, convert) is None and respellings(name, multiply) is None
+    assert name.accept_token(multiply)  # the checks consumed nothing
 
     end = engine.grammars.matcher(grammar)
     text = '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 3'
     assert all(end.accept_token(t) for t in _encode(engine, text))
-    assert not canonical(end, _one_token(engine, "}"))
-    assert canonical(end, _one_token(engine, "}}")) and canonical(end, _one_token(engine, "4"))
+    assert respellings(end, _one_token(engine, "}")) == [_one_token(engine, "}}")]
+    assert respellings(end, _one_token(engine, "}}")) is None
+    assert respellings(end, _one_token(engine, "4")) is None
 
 
-def test_constrained_calls_come_out_as_the_tokenizer_spells_them(engine):
-    """Sampled under a grammar, a call's tokens are its text's own encoding: the model is never
-    conditioned on (nor trained on) fragments like `c`+`om`+`ple`+`te` it has not seen."""
+def test_constrained_calls_come_out_as_the_tokenizer_spells_them(engine, monkeypatch):
+    """With `canonical` on, a call sampled under a grammar is its text's own encoding: the
+    model is never conditioned on fragments like `c`+`om`+`ple`+`te` it has not seen."""
+    canonical = CanonicalTokens(engine.tokenizer, engine.grammars.vocab_size)
+    monkeypatch.setattr(engine, "canonical", canonical)  # off by default
     grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
     prompt = _prompt(engine, "Convert 5 km to miles, or multiply 6 by 7.", CALC_TOOLS)
     params = SamplingParams(max_tokens=72, seed=5, temperature=1.0, n=8)

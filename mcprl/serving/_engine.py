@@ -106,7 +106,7 @@ class Engine:
         max_batch_size: int = 32,
         batch_wait_s: float = 0.01,
         prefix_cache: bool = True,
-        canonical: bool = True,
+        canonical: bool = False,
     ):
         self.loaded = loaded
         self.model = loaded.model
@@ -119,7 +119,8 @@ class Engine:
         self.grammars = GrammarFactory(
             self.tokenizer, int(config.vocab_size), sorted(self.stop_token_ids)
         )
-        use_canonical = canonical and os.environ.get("MCPRL_CANONICAL", "1") != "0"
+        # off by default: measured, it made learning worse (CanonicalTokens, RESULTS.md L15)
+        use_canonical = canonical or os.environ.get("MCPRL_CANONICAL", "0") == "1"
         self.canonical = (
             CanonicalTokens(self.tokenizer, int(config.vocab_size)) if use_canonical else None
         )

@@ -164,6 +164,11 @@ class CanonicalTokens:
     avoid `}}`, the only allowed end of a number, and write `26.000000011010E+268`.)
     Free text is left alone: where many tokens may follow, some next character keeps the token
     whole.
+
+    The engine uses it only when asked (`Engine(canonical=True)`, `MCPRL_CANONICAL=1`): on the
+    calculator's default run it cut learning from +25.0 to +19.4 points (RESULTS.md, L15). The
+    trainer learns the respelled token at the model's own log-probability (`}}` at -8 to -11)
+    while the model chose `}`, so what it chose is never reinforced.
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, max_followers: int = 512) -> None:
