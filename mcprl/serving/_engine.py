@@ -84,7 +84,7 @@ class _Row:
     choice: int
     draws: torch.Tensor
     matcher: Any = None
-    respell: torch.Generator | None = None  # draws for sampling again (CanonicalTokens)
+    respell: torch.Generator | None = None  # draws among respellings (CanonicalTokens)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     model_logprobs: list[float] = field(default_factory=list)
