@@ -98,8 +98,7 @@ def test_grammar_rows_and_free_rows_mixed_in_one_batch_all_keep_their_rules(engi
 def _accepts(engine, grammar, text: str) -> bool:
     """Whether `grammar` lets `text` be written, token by token."""
     matcher = engine.grammars.matcher(grammar)
-    ids = engine.tokenizer.encode(text, add_special_tokens=False)
-    return all(matcher.accept_token(t) for t in ids)
+    return all(matcher.accept_token(t) for t in _encode(engine, text))
 
 
 def test_tool_call_numbers_have_bounded_length(engine):
@@ -134,8 +133,12 @@ def test_tool_call_arguments_are_compact_json(engine):
         assert not accepts(head + spaced), spaced
 
 
+def _encode(engine, text: str) -> list[int]:
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
 def _one_token(engine, text: str) -> int:
-    (token,) = engine.tokenizer.encode(text, add_special_tokens=False)
+    (token,) = _encode(engine, text)
     return token
 
 
@@ -174,10 +177,6 @@ def test_constrained_calls_come_out_as_the_tokenizer_spells_them(engine, monkeyp
         body = completion.token_ids[:-1]  # without the stop token
         assert completion.finish_reason == "stop", completion.text
         assert _encode(engine, engine.tokenizer.decode(body)) == body, completion.text
-
-
-def _encode(engine, text: str) -> list[int]:
-    return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
 def test_a_grammar_that_has_ended_is_not_asked_again(engine):

@@ -238,9 +238,6 @@ class CanonicalTokens:
         finally:
             matcher.rollback(1)
 
-    def canonical(self, matcher: xgr.GrammarMatcher, token: int) -> bool:
-        return self.respellings(matcher, token) is None
-
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
