@@ -264,6 +264,8 @@ def _default_project(server: str | None) -> str:
 
 def _loop_flags(p: argparse.ArgumentParser) -> None:
     """The agent-loop switches `mcprl train`, `autorl` and `eval` share."""
+    from mcprl.rollout import RolloutConfig
+
     p.add_argument(
         "--early-answer",
         action="store_const",
@@ -281,11 +283,25 @@ def _loop_flags(p: argparse.ArgumentParser) -> None:
         help="a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
         "when every tool is annotated read-only (by default those attempts share one)",
     )
+    p.add_argument(
+        "--results-as",
+        choices=["json", "text"],
+        help="a tool result that comes as structured content and as text saying the same is "
+        'shown as JSON ({"result": -160}) or as the text (-160) '
+        f"(default {RolloutConfig().results_as})",
+    )
 
 
 def _rollout_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The RolloutConfig fields the flags set (a flag left out keeps the default)."""
-    fields = ("max_turns", "max_tokens", "temperature", "look_before_answer", "share_session")
+    fields = (
+        "max_turns",
+        "max_tokens",
+        "temperature",
+        "look_before_answer",
+        "share_session",
+        "results_as",
+    )
     return {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
 
 

@@ -166,9 +166,29 @@ def _reported_result(trajectory: Trajectory, reference: Reference) -> bool:
     for name, _, text in _made_calls(trajectory):
         if text is None or name == "complete_task" or not text.strip():
             continue
-        if answer_matches(answer, Reference(answer=text.strip(), tolerance=tolerance)):
-            return True
+        for value in _result_values(text.strip()):
+            if answer_matches(answer, Reference(answer=value, tolerance=tolerance)):
+                return True
     return False
+
+
+def _result_values(text: str, limit: int = 64) -> list[str]:
+    """A tool result's text, and where it is JSON (`{"result": -160}`, see `results_as`), each
+    number and string in it (at most `limit`)."""
+    values = [text]
+    try:
+        stack = [json.loads(text)]
+    except json.JSONDecodeError:
+        return values
+    while stack and len(values) <= limit:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(reversed(item.values()))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, (int, float, str)) and not isinstance(item, bool):
+            values.append(str(item))
+    return values
 
 
 def _repeats(trajectory: Trajectory) -> int:

@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field
 
 from mcprl.errors import PreflightError
 from mcprl.gather import note_turn
-from mcprl.mcp import MCPSession, ToolInfo, open_session, openai_tools
+from mcprl.mcp import MCPSession, ResultsAs, ToolInfo, open_session, openai_tools
 from mcprl.scenarios import Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
 from mcprl.types import Trajectory
@@ -116,6 +116,13 @@ class RolloutConfig(BaseModel):
     max_tokens: int = Field(default=128, ge=1, description="per completion")
     tool_timeout: float = Field(default=30.0, gt=0)
     max_result_chars: int = Field(default=4000, description="tool output kept per call")
+    results_as: ResultsAs = Field(
+        default="json",
+        description="how a tool result whose structured content says the same as its text is "
+        'shown: "json" shows the structured content (`{"result": -160}`), in the form the model '
+        'writes arguments in, so a value copied into complete_task keeps its spelling; "text" '
+        "shows the server's text (`-160`)",
+    )
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     seed: int | None = None
     extra_body: dict[str, Any] = Field(default_factory=dict)
@@ -249,7 +256,9 @@ async def rollout(
                 else:
                     args, error = _parse_arguments(call.function.arguments, by_name[name])
                     if error is None:
-                        result = await session.call_tool(name, args, timeout=config.tool_timeout)
+                        result = await session.call_tool(
+                            name, args, timeout=config.tool_timeout, results_as=config.results_as
+                        )
                         text, error = result.text, (result.text if result.is_error else None)
                     else:
                         text = error

@@ -279,6 +279,17 @@ def test_text_parts_are_joined_and_structured_content_is_not_repeated():
     assert listed.text == '{"id": 1}\n{"id": 2}'
 
 
+def test_results_as_json_shows_the_structured_content_where_the_text_says_the_same():
+    number = _result(mcp_types.TextContent(type="text", text="-160"), structured={"result": -160})
+    assert tool_result(number).text == "-160"
+    assert tool_result(number, results_as="json").text == '{"result": -160}'
+    # where the text says something else, both are shown, whichever is asked for
+    other = _result(mcp_types.TextContent(type="text", text="saved"), structured={"id": 7})
+    assert tool_result(other, results_as="json").text == 'saved\n{"id": 7}'
+    plain = _result(mcp_types.TextContent(type="text", text="no structure"))
+    assert tool_result(plain, results_as="json").text == "no structure"
+
+
 def test_binary_parts_become_placeholders():
     png = base64.b64encode(b"\x89PNG" + bytes(3000)).decode()
     image = mcp_types.ImageContent(type="image", data=png, mime_type="image/png")

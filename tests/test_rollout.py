@@ -136,6 +136,17 @@ async def test_complete_task_ends_the_loop(calculator):
     assert reference_reward(t, SCENARIO) == 1.0
 
 
+async def test_results_can_be_shown_as_the_json_the_agent_writes(calculator):
+    policy = ScriptedPolicy(
+        reply(call("subtract", {"a": 2, "b": 8})),
+        reply(call("complete_task", {"answer": -6})),
+    )
+    config = RolloutConfig(max_turns=2, results_as="json")
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
+    assert t.messages[3]["content"] == '{"result": -6.0}'  # the float the tool's schema declares
+    assert t.final_answer() == "-6"
+
+
 async def test_invalid_tool_names_and_arguments_become_error_messages(calculator):
     policy = ScriptedPolicy(
         reply(call("modulo", {"a": 1, "b": 2})),
@@ -330,6 +341,9 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
     lucky = attempt(("complete_task", {"answer": "42"}, ""))
     called = attempt(("multiply", {"a": 6, "b": 7}, "42"), ("complete_task", {"answer": "7"}, ""))
     copied = attempt(("add", {"a": 6, "b": 7}, "13"), ("complete_task", {"answer": "13"}, ""))
+    as_json = attempt(  # the same, with the result shown as JSON (results_as="json")
+        ("add", {"a": 6, "b": 7}, '{"result": 13.0}'), ("complete_task", {"answer": "13"}, "")
+    )
     misread = attempt(
         ("multiply", {"a": 6, "b": 17}, "102"), ("complete_task", {"answer": "102"}, "")
     )
@@ -348,6 +362,7 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
     assert scores["misread"].reward == pytest.approx(0.15 + 0.1)  # right tool, other numbers
     assert scores["misread"].reward > scores["copied"].reward  # ... beats the wrong tool
     assert scores["copied"].reward == pytest.approx(0.1)  # reported its own tool's result
+    assert scores["as_json"].reward == scores["copied"].reward
     assert scores["erred"].reward == 0.0  # an error is not a result
     assert scores["repeated"].reward == scores["called"].reward  # repeating earns nothing
     assert scores["repeated"].repeated_calls == 1

@@ -1,6 +1,7 @@
 """Tool results as text for a tool message.
 
-Text parts are joined; structured content is added as JSON unless the text already says the same;
+Text parts are joined; structured content is added as JSON unless the text already says the same
+(then `results_as="json"` shows the JSON instead of the text: `{"result": -160}` for `-160`);
 images, audio and other binary parts become a short placeholder naming the type and size; results
 longer than the limit are cut with a visible marker. An error result is prefixed "Error: ".
 """
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-__all__ = ["ToolResult", "tool_result", "truncate"]
+__all__ = ["ResultsAs", "ToolResult", "tool_result", "truncate"]
+
+ResultsAs = Literal["text", "json"]
 
 
 @dataclass
@@ -82,14 +85,21 @@ def truncate(text: str, limit: int) -> tuple[str, bool]:
     return f"{text[:limit]}\n…[output truncated: {cut} of {len(text)} characters cut]", True
 
 
-def tool_result(result: Any, max_chars: int = 20_000) -> ToolResult:
-    """Convert an MCP `CallToolResult` into a `ToolResult`."""
+def tool_result(result: Any, max_chars: int = 20_000, results_as: ResultsAs = "text") -> ToolResult:
+    """Convert an MCP `CallToolResult` into a `ToolResult`.
+
+    `results_as`: where the structured content and the text say the same, which one the text
+    shows ("text": the server's text, "json": the structured content as JSON).
+    """
     parts = [_part_text(p) for p in result.content or []]
     text = "\n".join(parts)
     structured = getattr(result, "structured_content", None)
-    if structured is not None and not _says_the_same(text, structured):
+    if structured is not None:
         dumped = json.dumps(structured, ensure_ascii=False)
-        text = f"{text}\n{dumped}" if text else dumped
+        if not _says_the_same(text, structured):
+            text = f"{text}\n{dumped}" if text else dumped
+        elif results_as == "json":
+            text = dumped
     is_error = bool(result.is_error)
     if is_error and not text.lower().startswith("error"):
         text = f"Error: {text or 'the tool reported an error without a message'}"

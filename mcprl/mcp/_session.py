@@ -27,7 +27,7 @@ from mcp import types as mcp_types
 from mcp.client.stdio import stdio_client
 
 from mcprl.errors import MCPConnectionError, MCPServerError, MCPServerStartError
-from mcprl.mcp._results import ToolResult, tool_result
+from mcprl.mcp._results import ResultsAs, ToolResult, tool_result
 from mcprl.mcp._spec import ServerSpec
 
 __all__ = ["MCPSession", "open_session"]
@@ -99,9 +99,15 @@ class MCPSession:
         return "\n".join(parts)
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any] | None = None, timeout: float | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        results_as: ResultsAs = "text",
     ) -> ToolResult:
-        """Call a tool. Errors the agent should see come back as `ToolResult(is_error=True)`."""
+        """Call a tool. Errors the agent should see come back as `ToolResult(is_error=True)`.
+
+        `results_as`: see `tool_result`."""
         limit = timeout if timeout is not None else self.call_timeout
         try:
             result = await self._client.call_tool(name, arguments or {}, read_timeout_seconds=limit)
@@ -113,7 +119,7 @@ class MCPSession:
             return ToolResult(f"Error: {exc.message}", True)
         except _LOST as exc:
             raise self._lost(f"calling tool {name!r}", exc) from exc
-        return tool_result(result, self.max_result_chars)
+        return tool_result(result, self.max_result_chars, results_as)
 
     async def _paginate(self, method: Any, field: str) -> list[Any]:
         items: list[Any] = []
