@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from mcprl.errors import ModelNotFoundError
 
@@ -38,6 +38,7 @@ __all__ = [
     "pick_device",
     "pick_dtype",
     "resolve_model",
+    "torch_dtype",
 ]
 
 logger = logging.getLogger(__name__)
@@ -264,20 +265,25 @@ def pick_dtype(dtype: str | None = "auto", device: str = "cpu") -> DType:
     return dtype  # type: ignore[return-value]
 
 
+def torch_dtype(dtype: DType) -> Any:
+    """The torch dtype a `DType` names."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
 def load_model(
     name: str = DEFAULT_MODEL, dtype: DTypeChoice = "auto", device: str | None = "auto"
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer for inference, in real `dtype` weights (see
     `pick_dtype`), on `device` (see `pick_device`). `LoadedModel.dtype` is the one chosen."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = pick_device(device)
     dtype = pick_dtype(dtype, target)
     path = resolve_model(name)
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(target)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype)).to(target)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from mcprl.errors import CheckpointError
-from mcprl.serving._models import pick_dtype
+from mcprl.serving._models import pick_dtype, torch_dtype
 from mcprl.serving._prefix import prefix_kv as run_prefix
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
 from mcprl.training._config import LoraConfig, TrainConfig
@@ -36,8 +36,6 @@ from mcprl.types import TrajectoryGroup
 __all__ = ["LoraTrainer"]
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class LoraTrainer:
@@ -57,7 +55,7 @@ class LoraTrainer:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(base_path)
         self.dtype = pick_dtype(dtype, str(self.device))
-        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=_DTYPES[self.dtype])
+        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype(self.dtype))
         base = base.to(self.device)
         if adapter_path is not None:
             self.model = PeftModel.from_pretrained(base, str(adapter_path), is_trainable=True)
