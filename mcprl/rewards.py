@@ -7,7 +7,8 @@
       answer correct                   -> 1
       otherwise                        -> calls_weight  * (share of the reference calls made)
                                         + report_weight * (the answer is a result the agent's
-                                                           own tool calls returned)
+                                                           own tool calls returned: a result's
+                                                           text, or a value in a JSON result)
 
   with `calls_weight` 0.3 and `report_weight` 0.1 by default (their sum must stay below 1, so no
   wrong answer can score as much as a right one). A reference call counts once however often it

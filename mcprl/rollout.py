@@ -9,7 +9,7 @@ completion from the policy, then every tool call it made, run through MCP. An un
 arguments become an error tool message and the loop goes on. It stops when the agent calls
 `complete_task`, replies without a tool call, runs out of turns, or fills its context.
 
-Four defaults make the loop finishable by a small model (`RolloutConfig`, all switchable):
+Five defaults make the loop finishable by a small model (`RolloutConfig`, all switchable):
 
 - `force_final_answer`: the last turn is constrained to `complete_task` (a named tool choice), so
   every attempt that reaches it ends with an answer instead of running out of turns;
@@ -21,7 +21,11 @@ Four defaults make the loop finishable by a small model (`RolloutConfig`, all sw
   its call instead of inviting a wrong second one; other scenarios get `max_turns`;
 - `look_before_answer`: until the attempt has called a tool, `complete_task` is not allowed
   (OpenAI's `allowed_tools` tool choice; the prompt still lists every tool), so no attempt ends
-  with a guess copied from the task.
+  with a guess copied from the task;
+- `results_as="json"`: a tool result whose structured content says the same as its text is shown
+  as that JSON (`{"result": -160.0}`, not `-160`), the form the model writes `complete_task`'s
+  arguments in, so a copied value keeps its spelling: in `"answer": -160` the sign is the token
+  after `":`, as in the result, where after the bare `-160` the model dropped it.
 
 Works against any OpenAI-compatible endpoint. A `TrainableModel`'s endpoint is asked for token
 ids and log-probabilities in vLLM's request fields, which mcprl's server answers too, and the
