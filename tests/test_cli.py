@@ -68,3 +68,13 @@ def test_scenarios_needs_an_output_file(capsys):
     with pytest.raises(SystemExit):
         main(["scenarios", "example:calculator"])
     assert "-o/--output" in capsys.readouterr().err
+
+
+def test_loop_flags_reach_the_rollout_config():
+    from mcprl.cli import _parser, _run_config
+
+    args = _parser().parse_args(["train", "example:calculator", "--results-as", "text"])
+    assert _run_config(args).rollout.results_as == "text"
+    default = _parser().parse_args(["train", "example:calculator", "--early-answer"])
+    config = _run_config(default).rollout
+    assert config.results_as == "json" and config.look_before_answer is False
