@@ -119,7 +119,7 @@ async def test_complete_task_ends_the_loop(calculator):
     assert t.final_answer() == "6 times 7 is 42."
     roles = [m["role"] for m in t.messages]
     assert roles == ["system", "user", "assistant", "tool", "assistant", "tool"]
-    assert t.messages[3]["content"] == "42"
+    assert t.messages[3]["content"] == '{"result": 42.0}'  # results_as="json"
     assert t.messages[1]["content"].startswith("Please complete this task: What is 6 times 7?")
     assert "You have 5 turns; in the last one, call complete_task." in t.messages[1]["content"]
     names = [tool["function"]["name"] for tool in t.tools]
@@ -163,7 +163,7 @@ async def test_invalid_tool_names_and_arguments_become_error_messages(calculator
     assert "not valid JSON" in tool_texts[1]
     assert "missing required argument(s): b" in tool_texts[2]
     assert "division by zero" in tool_texts[3]
-    assert tool_texts[4] == "42"
+    assert tool_texts[4] == '{"result": 42.0}'
     assert t.metrics["tool_errors"] == 4 and t.metrics["completed"] == 1
 
 
