@@ -15,6 +15,9 @@ later ones see a policy that has moved since sampling, which the clipped ratio a
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import json
 import logging
 import math
@@ -26,6 +29,7 @@ from typing import Any
 import torch
 
 from mcprl.errors import CheckpointError
+from mcprl.serving._kv import CPU_ATTENTION
 from mcprl.serving._models import pick_dtype, torch_dtype
 from mcprl.serving._prefix import prefix_kv as run_prefix
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
@@ -57,6 +61,8 @@ class LoraTrainer:
         self.dtype = pick_dtype(dtype, str(self.device))
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype(self.dtype))
         base = base.to(self.device)
+        if self.device.type == "cpu":  # grouped-query SDPA: see mcprl.serving._kv
+            base.set_attn_implementation(CPU_ATTENTION)
         if adapter_path is not None:
             self.model = PeftModel.from_pretrained(base, str(adapter_path), is_trainable=True)
         else:
@@ -128,6 +134,7 @@ class LoraTrainer:
             self.optimizer.step()
             self.updates += 1
         self.optimizer.zero_grad(set_to_none=True)
+        _return_freed_memory()
         tokens = max(stats.trained_tokens, 1)
         metrics.update(
             loss=totals["loss"],
@@ -331,6 +338,25 @@ def load_optimizer_state(directory: str | Path) -> tuple[dict[str, Any], int]:
         f"{directory} has no optimizer state ({_STATE_JSON}); delete that checkpoint directory "
         "to resume from the one before"
     )
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    return getattr(libc, "malloc_trim", None)  # glibc only
+
+
+def _return_freed_memory() -> None:
+    """Hand the step's freed activations back to the OS.
+
+    glibc keeps freed memory for the process to reuse: after a default calculator step on CPU
+    the process still held 9.9 GB, and 1.0 GB after trimming. Rollouts, the MCP servers and a
+    judge share the machine until the next step needs it again. A no-op without glibc.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _reward_metrics(stats: Any) -> dict[str, float]:
