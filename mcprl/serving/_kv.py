@@ -53,8 +53,11 @@ def _grouped_sdpa(module, query, key, value, attention_mask, scaling, dropout, *
     heads (`enable_gqa`), where transformers repeats the keys and values per query head whenever
     a mask is given. In training those copies are kept for the backward pass: for 18 rows of 180
     tokens after an 840-token prefix, 2.4 of the 8.1 GB a forward pass of SmolLM2-135M saves."""
-    causal = attention_mask is None and query.shape[2] > 1 and getattr(module, "is_causal", True)
-    if causal and key.shape[2] != query.shape[2]:  # SDPA's causal mask would be misaligned
+    causal = kw.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    causal = attention_mask is None and query.shape[2] > 1 and causal
+    extras = any(kw.get(k) is not None for k in ("position_bias", "softcap", "s_aux"))
+    if extras or (causal and key.shape[2] != query.shape[2]):  # transformers' handling
         out, weights = sdpa_attention_forward(
             module, query.to(key.dtype), key, value, attention_mask,
             scaling=scaling, dropout=dropout, **kw,

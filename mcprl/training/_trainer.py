@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from mcprl.errors import CheckpointError
-from mcprl.serving._kv import CPU_ATTENTION
 from mcprl.serving._models import pick_dtype, torch_dtype
 from mcprl.serving._prefix import prefix_kv as run_prefix
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
@@ -62,6 +61,8 @@ class LoraTrainer:
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype(self.dtype))
         base = base.to(self.device)
         if self.device.type == "cpu":  # grouped-query SDPA: see mcprl.serving._kv
+            from mcprl.serving._kv import CPU_ATTENTION
+
             base.set_attn_implementation(CPU_ATTENTION)
         if adapter_path is not None:
             self.model = PeftModel.from_pretrained(base, str(adapter_path), is_trainable=True)
