@@ -101,7 +101,12 @@ class RunConfig(BaseModel):
     judge_api_base: str | None = None
     rubric: str = DEFAULT_RUBRIC
     seed: int = 0
-    max_concurrency: int = Field(default=16, ge=1)
+    max_concurrency: int = Field(
+        default=32,
+        ge=1,
+        description="attempts in flight; 32 runs a default step's rollouts at once (on 2 CPU "
+        "cores 13% faster than 16 in waves: decoding costs less per row in bigger batches)",
+    )
     max_dropped_groups: float = Field(
         default=0.5,
         ge=0.0,

@@ -7,7 +7,11 @@ row's tokens do not depend on which other rows share its batch.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -15,6 +19,7 @@ import torch
 
 from mcprl.serving import Engine, SamplingParams, load_model
 from mcprl.serving._chat import parse_tool_calls, render_prompt
+from mcprl.serving._engine import _Task
 from mcprl.serving._grammar import CanonicalTokens
 from mcprl.serving._lora import AdapterError, LoraLinear
 from tests.test_serving import CALC_TOOLS, MODEL
@@ -58,6 +63,53 @@ def test_a_request_that_joins_mid_batch_gets_the_tokens_it_gets_alone(engine):
     # the short request joined the running batch instead of waiting for it to end
     steps = engine.stats["steps"] - before["steps"]
     assert steps < 40 + 12 and engine.stats["prefills"] - before["prefills"] == 2
+
+
+def test_work_run_exclusively_runs_on_the_engine_thread_between_steps(engine):
+    """A training step runs on the engine's own thread (one OpenMP team in the process, so
+    decoding keeps its speed after training); rows in flight wait for it and go on unchanged;
+    its exception reaches the caller and the engine keeps serving."""
+    prompt = _prompt(engine, "Count slowly.")
+    params = SamplingParams(max_tokens=30, seed=5, ignore_eos=True)
+    alone = engine.generate_blocking(prompt, params)
+
+    running = engine.submit(prompt, params)
+    _wait_for_steps(engine, 3)
+    seen = {}
+
+    def work():
+        seen["thread"] = threading.current_thread().name
+        seen["batch"] = engine._batch is not None  # the running batch waits, it is not dropped
+        steps = engine.stats["steps"]
+        time.sleep(0.05)
+        seen["steps during"] = engine.stats["steps"] - steps
+        return 42
+
+    assert engine.run_exclusive(work) == 42
+    assert seen == {"thread": "mcprl-engine", "batch": True, "steps during": 0}
+    assert [c.token_ids for c in running.result(timeout=120)] == [c.token_ids for c in alone]
+
+    def fails():
+        raise ValueError("the training step failed")
+
+    with pytest.raises(ValueError, match="training step failed"):
+        engine.run_exclusive(fails)
+    assert engine.run_exclusive(lambda: engine.run_exclusive(lambda: "nested")) == "nested"
+    assert engine.generate_blocking(prompt, params)[0].token_ids == alone[0].token_ids
+
+
+def test_work_waiting_for_a_closed_engine_fails_instead_of_hanging():
+    engine = SimpleNamespace(  # what close() and run_exclusive() use, with a worker long gone
+        _closed=False, _queue=queue.Queue(), _worker=threading.Thread(target=lambda: None)
+    )
+    engine._worker.start()
+    task = _Task(lambda: 1, Future())
+    engine._queue.put(task)  # queued, never taken
+    Engine.close(engine)
+    with pytest.raises(RuntimeError, match="engine was closed"):
+        task.future.result(timeout=5)
+    with pytest.raises(RuntimeError, match="engine is closed"):
+        Engine.run_exclusive(engine, lambda: 1)
 
 
 def test_rows_leave_when_done_and_the_batch_goes_on(engine):

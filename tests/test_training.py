@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -429,9 +430,15 @@ async def test_local_backend_trains_checkpoints_serves_and_resumes(tmp_path):
         at0 = await client.chat.completions.create(model="agent@0", **ask)
         base = await client.chat.completions.create(model="smollm2-135m", **ask)
         assert at0.choices[0].model_extra["token_ids"] == base.choices[0].model_extra["token_ids"]
-        tok = backend._runs[("p", "agent")].trainer.tokenizer
-        result = await model.train([_make_group(tok)], TrainConfig(learning_rate=1e-3))
+        trainer = backend._runs[("p", "agent")].trainer
+        threads, train_step = [], trainer.step
+        trainer.step = lambda *a: threads.append(threading.current_thread().name) or train_step(*a)
+        result = await model.train(
+            [_make_group(trainer.tokenizer)], TrainConfig(learning_rate=1e-3)
+        )
         assert result.step == 1 and model.served_name == "agent@1"
+        # on the engine's thread: a second thread's OpenMP team slowed decoding 1.6x after it
+        assert threads == ["mcprl-engine"]
         ids = [m.id for m in (await client.models.list()).data]
         assert "agent@1" in ids and "agent@0" not in ids
         with pytest.raises(openai.NotFoundError):

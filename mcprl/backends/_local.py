@@ -162,20 +162,18 @@ class LocalBackend(StoredRuns):
         server = self._server
 
         def work() -> dict[str, float]:
-            run.trainer  # noqa: B018  (loaded before inference pauses)
-            with server.paused():
-                logger.info("training step %d of %s", step, run.served)
-                out = run.trainer.step(groups, config, on_progress)
-                started = time.perf_counter()
-                run.store.write_checkpoint(step, run.trainer.save, {"metrics": out})
-                out["time_checkpoint_s"] = time.perf_counter() - started
-                return out
+            logger.info("training step %d of %s", step, run.served)
+            out = run.trainer.step(groups, config, on_progress)
+            started = time.perf_counter()
+            run.store.write_checkpoint(step, run.trainer.save, {"metrics": out})
+            out["time_checkpoint_s"] = time.perf_counter() - started
+            return out
 
         with anyio.CancelScope(shield=True):
             if run.store.read_only:  # the first step of a resumed run: now it writes
                 run.store = RunStore(self.path, model.project, model.name)
             run.store.write_trajectories("train", step, groups)  # nothing is lost
-            result = await anyio.to_thread.run_sync(work)
+            result = await anyio.to_thread.run_sync(_exclusively, server, work)
             previous = run.served
             await self._load(f"{model.name}@{step}", run.store.checkpoint_path(step))
             run.step = step
@@ -263,7 +261,7 @@ class LocalBackend(StoredRuns):
 
         base_path = Path(resolve_model(model.base_model))
         if latest is None:
-            trainer = self._make_trainer(base_path, lora, None)
+            trainer = _exclusively(self._server, lambda: self._make_trainer(base_path, lora, None))
             store.write_checkpoint(0, trainer.save, {"base_model": model.base_model})
             return _Run(model, store, 0, lambda: trainer, trainer)
 
@@ -274,7 +272,10 @@ class LocalBackend(StoredRuns):
             logger.info("resuming %s/%s at step %d", model.project, model.name, latest)
             return trainer
 
-        return _Run(model, store, latest, resume)
+        def load() -> Any:
+            return _exclusively(self._server, resume)
+
+        return _Run(model, store, latest, load)
 
     async def _adapter_call(self, what: str, body: dict[str, str]) -> None:
         from mcprl.serving._server import adapter_request
@@ -315,3 +316,14 @@ class LocalBackend(StoredRuns):
                 "backend"
             )
         return self._server
+
+
+def _exclusively(server: Any, fn: Callable[[], Any]) -> Any:
+    """Run `fn` (training, loading a trainer) while the server decodes nothing: on its engine's
+    thread where it has one (`Engine.run_exclusive`: one OpenMP team in the process, so decoding
+    keeps its speed after training), else under its `paused()` (a vLLM server, a stand-in)."""
+    run = getattr(server, "run_exclusive", None)
+    if run is not None:
+        return run(fn)
+    with server.paused():
+        return fn()

@@ -94,6 +94,10 @@ class LocalServer:
         """A context in which the engine decodes nothing (a training step holds the model)."""
         return self.engine.paused()
 
+    def run_exclusive(self, fn: Any) -> Any:
+        """`fn()` on the engine's thread while it decodes nothing (see `Engine.run_exclusive`)."""
+        return self.engine.run_exclusive(fn)
+
     def close(self) -> None:
         self.handle.stop()
         self.engine.close()
