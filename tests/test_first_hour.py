@@ -29,7 +29,7 @@ def test_every_option_has_help_and_the_knobs_show_their_defaults(command, capsys
         "train": ["--groups-per-step", "(default 4)", "attempts per scenario (default 6)",
                   "turns per attempt (default 6)", "(default 128)", "temperature (default 1)",
                   "(default 5)", "attempts per val scenario (default 2)",
-                  "attempts in flight (default 16)", "learning rate (default 0.002)",
+                  "attempts in flight (default 32)", "learning rate (default 0.002)",
                   "KL penalty", "LoRA rank, new runs only (default 8)", "--quick"],
         "autorl": ["(default 4)", "--threads", "--tracker"],
         "eval": ["attempts per scenario and model (default 1)", "(default 8)", "(default 0)"],
