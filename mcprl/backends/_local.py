@@ -173,6 +173,7 @@ class LocalBackend(StoredRuns):
             if run.store.read_only:  # the first step of a resumed run: now it writes
                 run.store = RunStore(self.path, model.project, model.name)
             run.store.write_trajectories("train", step, groups)  # nothing is lost
+            await anyio.to_thread.run_sync(lambda: run.trainer)  # loaded before inference pauses
             result = await anyio.to_thread.run_sync(_exclusively, server, work)
             previous = run.served
             await self._load(f"{model.name}@{step}", run.store.checkpoint_path(step))
@@ -261,7 +262,9 @@ class LocalBackend(StoredRuns):
 
         base_path = Path(resolve_model(model.base_model))
         if latest is None:
-            trainer = _exclusively(self._server, lambda: self._make_trainer(base_path, lora, None))
+            trainer = _exclusively(
+                self._server, lambda: self._make_trainer(base_path, lora, None), pause=False
+            )
             store.write_checkpoint(0, trainer.save, {"base_model": model.base_model})
             return _Run(model, store, 0, lambda: trainer, trainer)
 
@@ -273,7 +276,7 @@ class LocalBackend(StoredRuns):
             return trainer
 
         def load() -> Any:
-            return _exclusively(self._server, resume)
+            return _exclusively(self._server, resume, pause=False)
 
         return _Run(model, store, latest, load)
 
@@ -318,12 +321,15 @@ class LocalBackend(StoredRuns):
         return self._server
 
 
-def _exclusively(server: Any, fn: Callable[[], Any]) -> Any:
-    """Run `fn` (training, loading a trainer) while the server decodes nothing: on its engine's
-    thread where it has one (`Engine.run_exclusive`: one OpenMP team in the process, so decoding
-    keeps its speed after training), else under its `paused()` (a vLLM server, a stand-in)."""
+def _exclusively(server: Any, fn: Callable[[], Any], *, pause: bool = True) -> Any:
+    """Run `fn` (a training step, loading a trainer) on the server's engine thread where it has
+    one (`Engine.run_exclusive`: nothing decodes meanwhile, and the process keeps one OpenMP
+    team, so decoding keeps its speed after training); elsewhere (a vLLM server, a stand-in)
+    under its `paused()`, or, with `pause=False`, as it is."""
     run = getattr(server, "run_exclusive", None)
     if run is not None:
         return run(fn)
+    if not pause:
+        return fn()
     with server.paused():
         return fn()
