@@ -6,9 +6,10 @@
 
       answer correct                   -> 1
       otherwise                        -> calls_weight  * (share of the reference calls made)
-                                        + report_weight * (the answer is a result the agent's
-                                                           own tool calls returned: a result's
-                                                           text, or a value in a JSON result)
+                                        + report_weight * (the answer is a result that the
+                                                           agent's own call of a reference
+                                                           tool returned: a result's text, or
+                                                           a value in a JSON result)
 
   with `calls_weight` 0.3 and `report_weight` 0.1 by default (their sum must stay below 1, so no
   wrong answer can score as much as a right one). A reference call counts once however often it
@@ -16,8 +17,11 @@
   the right tool with other arguments counts `tool_only` (0.5) of a matching one, when the
   attempt made no more calls than the reference: on a one-call task, an attempt that picked the
   right tool but garbled a number ranks above one that picked the wrong tool, which is the step
-  a small model has to learn first. A reference
-  with calls and no answer scores the share of calls made.
+  a small model has to learn first. Reporting counts only a result of a tool that the reference
+  calls (any tool's where it lists none, `report_any_tool` for the old rule): copying the
+  result of a wrong tool is no step toward the answer, and crediting it made every group
+  where no attempt picked the right tool teach the wrong ones (L19: 12 of 43 trained groups).
+  A reference with calls and no answer scores the share of calls made.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
   reward from references, RULER, or both with weights, and records the parts as metrics
   (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
@@ -158,14 +162,18 @@ def calls_matched(trajectory: Trajectory, reference: Reference, tool_only: float
     return credit / len(reference.calls)
 
 
-def _reported_result(trajectory: Trajectory, reference: Reference) -> bool:
-    """The final answer is what one of the attempt's own (non-error) tool calls returned."""
+def _reported_result(trajectory: Trajectory, reference: Reference, any_tool: bool = False) -> bool:
+    """The final answer is what one of the attempt's own (non-error) tool calls returned: a
+    call of a tool the reference calls, unless `any_tool` or the reference lists no calls."""
     answer = trajectory.final_answer()
     if answer is None:
         return False
     tolerance = reference.tolerance if reference.tolerance is not None else 1e-9
+    tools = None if any_tool or not reference.calls else {c.tool for c in reference.calls}
     for name, _, text in _made_calls(trajectory):
         if text is None or name == "complete_task" or not text.strip():
+            continue
+        if tools is not None and name not in tools:
             continue
         for value in _result_values(text.strip()):
             if answer_matches(answer, Reference(answer=value, tolerance=tolerance)):
@@ -206,7 +214,14 @@ class ReferenceReward(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     calls_weight: float = Field(default=0.3, ge=0, description="share of reference calls made")
-    report_weight: float = Field(default=0.1, ge=0, description="the answer is a tool result")
+    report_weight: float = Field(
+        default=0.1, ge=0, description="the answer is a result of a reference tool's call"
+    )
+    report_any_tool: bool = Field(
+        default=False,
+        description="report_weight also for a result of a tool the reference "
+        "does not call (the rule until L20)",
+    )
     tool_only: float = Field(
         default=0.5, ge=0, le=1, description="a reference call's credit for the right tool alone"
     )
@@ -255,7 +270,7 @@ def reward_parts(
             answer=0.0, calls=calls, reported=0.0, repeated_calls=repeats, reward=calls
         )
     answer = float(answer_matches(trajectory.final_answer(), ref))
-    reported = float(_reported_result(trajectory, ref))
+    reported = float(_reported_result(trajectory, ref, any_tool=w.report_any_tool))
     reward = 1.0 if answer else w.calls_weight * calls + w.report_weight * reported
     return RewardParts(
         answer=answer, calls=calls, reported=reported, repeated_calls=repeats, reward=reward

@@ -341,11 +341,12 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
     lucky = attempt(("complete_task", {"answer": "42"}, ""))
     called = attempt(("multiply", {"a": 6, "b": 7}, "42"), ("complete_task", {"answer": "7"}, ""))
     copied = attempt(("add", {"a": 6, "b": 7}, "13"), ("complete_task", {"answer": "13"}, ""))
-    as_json = attempt(  # the same, with the result shown as JSON (results_as="json")
-        ("add", {"a": 6, "b": 7}, '{"result": 13.0}'), ("complete_task", {"answer": "13"}, "")
-    )
     misread = attempt(
         ("multiply", {"a": 6, "b": 17}, "102"), ("complete_task", {"answer": "102"}, "")
+    )
+    as_json = attempt(  # the same, with the result shown as JSON (results_as="json")
+        ("multiply", {"a": 6, "b": 17}, '{"result": 102.0}'),
+        ("complete_task", {"answer": "102"}, ""),
     )
     erred = attempt(("divide", {"a": 6, "b": 0}, "Error: division by zero"),
                     ("complete_task", {"answer": "0"}, ""))  # fmt: skip
@@ -361,8 +362,11 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
     assert scores["called"].reward == pytest.approx(0.3)  # the reference call, no answer
     assert scores["misread"].reward == pytest.approx(0.15 + 0.1)  # right tool, other numbers
     assert scores["misread"].reward > scores["copied"].reward  # ... beats the wrong tool
-    assert scores["copied"].reward == pytest.approx(0.1)  # reported its own tool's result
-    assert scores["as_json"].reward == scores["copied"].reward
+    assert scores["as_json"].reward == scores["misread"].reward
+    # a wrong tool's result copied is no step toward the answer (report_any_tool: it was)
+    assert scores["copied"].reward == 0.0 and not scores["copied"].reported
+    old_rule = reward_parts(copied, SCENARIO, ReferenceReward(report_any_tool=True))
+    assert old_rule.reward == pytest.approx(0.1)
     assert scores["erred"].reward == 0.0  # an error is not a result
     assert scores["repeated"].reward == scores["called"].reward  # repeating earns nothing
     assert scores["repeated"].repeated_calls == 1
