@@ -363,10 +363,11 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
     assert scores["misread"].reward == pytest.approx(0.15 + 0.1)  # right tool, other numbers
     assert scores["misread"].reward > scores["copied"].reward  # ... beats the wrong tool
     assert scores["as_json"].reward == scores["misread"].reward
-    # a wrong tool's result copied is no step toward the answer (report_any_tool: it was)
-    assert scores["copied"].reward == 0.0 and not scores["copied"].reported
-    old_rule = reward_parts(copied, SCENARIO, ReferenceReward(report_any_tool=True))
-    assert old_rule.reward == pytest.approx(0.1)
+    assert scores["copied"].reward == pytest.approx(0.1)  # reported its own tool's result
+    # ... which, counting only the right tools' results, is no step toward the answer
+    strict = reward_parts(copied, SCENARIO, ReferenceReward(report_any_tool=False))
+    assert strict.reward == 0.0 and not strict.reported
+    assert reward_parts(misread, SCENARIO, ReferenceReward(report_any_tool=False)).reported
     assert scores["erred"].reward == 0.0  # an error is not a result
     assert scores["repeated"].reward == scores["called"].reward  # repeating earns nothing
     assert scores["repeated"].repeated_calls == 1
