@@ -162,7 +162,7 @@ def calls_matched(trajectory: Trajectory, reference: Reference, tool_only: float
     return credit / len(reference.calls)
 
 
-def _reported_result(trajectory: Trajectory, reference: Reference, any_tool: bool = False) -> bool:
+def _reported_result(trajectory: Trajectory, reference: Reference, any_tool: bool = True) -> bool:
     """The final answer is what one of the attempt's own (non-error) tool calls returned: a
     call of a tool the reference calls, unless `any_tool` or the reference lists no calls."""
     answer = trajectory.final_answer()
