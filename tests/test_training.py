@@ -346,6 +346,43 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
     _assert_same_gradient(grads[2], grads[3])
 
 
+@pytest.mark.slow
+def test_the_kl_term_runs_the_base_models_prefix_once_with_the_same_gradient(base_path):
+    """With --beta, the base model's pass over the shared prefix runs once per update, not once
+    per micro-batch, and the gradient (policy and KL terms) is the same as without sharing."""
+    grads, kls, passes = [], [], []
+    for share in (False, True):
+        torch.manual_seed(0)
+        trainer = LoraTrainer(base_path)
+        with torch.no_grad():  # a trained adapter: the policy differs from the base model
+            for name, param in trainer.model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.05)
+        prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
+        groups = [
+            _on_policy_group(trainer, [*prompt, 21 + g], [[11, 12, 13], [14, 15, 16, 17]], [1, 0])
+            for g in range(2)
+        ]
+        config = TrainConfig(
+            max_grad_norm=None, learning_rate=1e-9, share_prefix=share, token_budget=64, beta=0.5
+        )
+        reference_prefix = trainer._reference_prefix
+
+        def counted(batches, run=reference_prefix):
+            kv = run(batches)
+            passes.append((len(batches), kv is not None))
+            return kv
+
+        trainer._reference_prefix = counted
+        kls.append(trainer.step(groups, config)["kl"])
+        state = trainer.optimizer.state
+        grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
+    # four micro-batches each time; with sharing, one base-model prefix pass serves them all
+    assert passes == [(4, False), (4, True)]
+    assert kls[0] > 1e-4 and kls[1] == pytest.approx(kls[0], rel=1e-4)
+    _assert_same_gradient(grads[1], grads[0])
+
+
 def test_attention_over_a_prefix_keeps_one_copy_of_each_key_value_head_for_backward():
     """The trainer's CPU attention (grouped-query SDPA) gives transformers' result and gradient
     without the per-query-head copies of keys and values that transformers saves for backward

@@ -119,8 +119,9 @@ class LoraTrainer:
         for norm, batches in plan:
             self.optimizer.zero_grad(set_to_none=True)
             shared = self._prefix_pass(batches)
+            ref_kv = self._reference_prefix(batches) if config.beta > 0 else None
             for batch in batches:
-                parts = self._micro_step(batch, loss_fn, norm, config.beta, shared)
+                parts = self._micro_step(batch, loss_fn, norm, config.beta, shared, ref_kv)
                 for k, v in parts.items():
                     totals[k] += v / (len(plan) if k in ("loss", "kl") else 1)
                 done += 1
@@ -160,6 +161,17 @@ class LoraTrainer:
         body = self.model.get_base_model().model
         return _PrefixPass(body, prefix.to(self.device))
 
+    def _reference_prefix(
+        self, batches: list[MicroBatch]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The shared prefix's keys and values under the base model (adapter off), run once for
+        the KL term of all the micro-batches of an update."""
+        if len(batches) < 2 or batches[0].prefix is None:
+            return None  # one micro-batch runs its prefix itself
+        body = self.model.get_base_model().model
+        with torch.no_grad(), self.model.disable_adapter():
+            return run_prefix(body, batches[0].prefix.to(self.device))
+
     def _micro_step(
         self,
         batch: MicroBatch,
@@ -167,6 +179,7 @@ class LoraTrainer:
         norm: Normalizer,
         beta: float,
         shared: _PrefixPass | None = None,
+        ref_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> dict:
         ids = batch.input_ids.to(self.device)
         attention = batch.attention_mask.to(self.device)
@@ -182,10 +195,10 @@ class LoraTrainer:
         kl_value = 0.0
         if beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                ref = self.token_logprobs(ids, attention, mask, prefix=prefix)
+                ref = self.token_logprobs(ids, attention, mask, prefix=prefix, prefix_kv=ref_kv)
             kl = norm(kl_k3(new, ref), mask)
             loss = loss + beta * kl
-            kl_value = float(kl)
+            kl_value = float(kl.detach())
         loss.backward()
         return {
             "loss": float(loss.detach()),
