@@ -35,16 +35,18 @@ from mcprl.types import read_groups  # noqa: E402
 from ruler import DEFAULT_RUBRIC  # noqa: E402
 
 
-def agreement(reference: list[float], judged: list[float]) -> tuple[float, int]:
-    """Share of pairs (with different reference rewards) the judge orders alike; pair count."""
-    agree, pairs = 0.0, 0
+def agreement(reference: list[float], judged: list[float]) -> tuple[float, int, int]:
+    """Over the pairs whose reference rewards differ: how many the judge orders alike (a judge
+    tie counts one half), how many pairs, and how many of them the judge ties."""
+    agree, pairs, ties = 0.0, 0, 0
     for i, j in itertools.combinations(range(len(reference)), 2):
         if reference[i] == reference[j]:
             continue
         pairs += 1
+        ties += judged[i] == judged[j]
         same = (reference[i] - reference[j]) * (judged[i] - judged[j])
         agree += 1.0 if same > 0 else 0.5 if judged[i] == judged[j] else 0.0
-    return agree, pairs
+    return agree, pairs, ties
 
 
 def with_reference(rubric: str, answer: str) -> str:
@@ -67,7 +69,8 @@ def main() -> None:
         if len({t.reward for t in g.trajectories}) > 1 and g.scenario_id in by_id
     ][: args.max_groups]
     modes = {"default rubric": None, "rubric + reference answer": "reference"}
-    totals = {m: [0.0, 0] for m in modes}
+    totals = {m: [0.0, 0, 0] for m in modes}
+    scores: list[dict] = []
     started = time.perf_counter()
     with LocalServer("smollm2-135m") as server:
         judge = local_judge("smollm2-135m", server.base_url, server.api_key)
@@ -82,20 +85,32 @@ def main() -> None:
                         rubric=rubric,
                     )
                 )  # fmt: skip
-                agree, pairs = agreement(reference, result.rewards)
-                totals[mode][0] += agree
-                totals[mode][1] += pairs
-                print(f"{g.scenario_id} {mode}: {agree:.1f}/{pairs}", flush=True)
-    rows = {m: {"agreement": a / max(n, 1), "pairs": n} for m, (a, n) in totals.items()}
+                agree, pairs, ties = agreement(reference, result.rewards)
+                for k, v in enumerate((agree, pairs, ties)):
+                    totals[mode][k] += v
+                scores.append({"scenario": g.scenario_id, "mode": mode, "reference": reference,
+                               "judge": list(result.rewards)})  # fmt: skip
+                print(
+                    f"{g.scenario_id} {mode}: {agree:.1f}/{pairs} ({ties} tied); reference "
+                    f"{_short(reference)}, judge {_short(result.rewards)}",
+                    flush=True,
+                )
+    rows = {m: {"agreement": a / max(n, 1), "pairs": n, "judge_ties": t}
+            for m, (a, n, t) in totals.items()}  # fmt: skip
     results = {"machine": describe_machine(), "groups": len(groups), "modes": rows,
-               "seconds": time.perf_counter() - started}  # fmt: skip
+               "scores": scores, "seconds": time.perf_counter() - started}  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\n{results['machine']}\n{len(groups)} groups with differing reference rewards")
-    print("| judge (local SmolLM2-135M) | pairs ordered as the reference reward | pairs |")
-    print("|---|---:|---:|")
+    print("| judge (local SmolLM2-135M) | pairs ordered as the reference reward | pairs | "
+          "pairs the judge tied |")  # fmt: skip
+    print("|---|---:|---:|---:|")
     for mode, row in rows.items():
-        print(f"| {mode} | {row['agreement']:.0%} | {row['pairs']} |")
+        print(f"| {mode} | {row['agreement']:.0%} | {row['pairs']} | {row['judge_ties']} |")
+
+
+def _short(values) -> str:
+    return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
 
 
 if __name__ == "__main__":
