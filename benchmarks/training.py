@@ -12,8 +12,9 @@ configuration runs in a fresh process so its peak memory (max RSS) is its own.
 
 With `--shared N` the prompts share their first N tokens, as agent prompts share the system
 prompt and tool block, and mcprl runs twice: with every sequence's prompt run in full (the
-baseline) and with the shared prefix run once per micro-batch (`TrainConfig.share_prefix`); TRL
-is left out (it has no such mode):
+baseline) and with the shared prefix run once per update (`TrainConfig.share_prefix`), both in
+the trainer's default micro-batches (`TrainConfig.token_budget`); TRL is left out (it has no
+such mode):
 
     python benchmarks/training.py --shared 800 --prompt 900 --completion 60 --sequences 24
 
@@ -85,9 +86,12 @@ def run_mcprl(args, dtype: str) -> list[float]:
 
     trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
     group = _group(args, trainer.model.config.vocab_size)
+    # the whole batch in one micro-batch, as TRL runs it; with --shared, the trainer's default
+    # micro-batches, as `mcprl train` runs it (24 agent prompts in one pass do not fit in memory)
+    whole = args.sequences * (args.prompt + args.completion)
     config = TrainConfig(
         learning_rate=1e-5,
-        token_budget=max(64, args.sequences * (args.prompt + args.completion)),
+        token_budget=TrainConfig().token_budget if args.shared else max(64, whole),
         share_prefix=args.share,
     )
     times = []
