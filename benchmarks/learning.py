@@ -16,6 +16,11 @@ It prints, per variant, val success and reward as mean ± sd over the seeds, the
 base model in points and in units of the base model's seed-to-seed sd, the run's wall time and
 its in-loop history (val success per evaluation, groups trained per step). Results go to
 `benchmarks/results/learning-<server>.json`; `benchmarks/RESULTS.md` keeps the table.
+
+A run takes half an hour or more. Given the `--path` of an interrupted one, `--resume` keeps the
+variants that finished training there (their wall time is kept beside them) and the evaluations
+that finished, and does only the rest (a training cut off midway resumes from its last
+checkpoint, and its wall time then counts only the resumed part).
 """
 
 from __future__ import annotations
@@ -51,12 +56,16 @@ def _mcprl(*args: str, log: Path) -> float:
 
 
 def _eval(server: str, path: Path, project: str, models: list[str], seed: int, log: Path,
-          attempts: int) -> dict[str, dict[str, float]]:  # fmt: skip
+          attempts: int, resume: bool = False) -> dict[str, dict[str, float]]:  # fmt: skip
     out = path / "evals" / f"seed{seed}-{'-'.join(models)}"
-    named = [a for m in models for a in ("--model", m)]
-    _mcprl("eval", server, "--path", str(path), "--project", project, *named, "--seed", str(seed),
-           "--attempts", str(attempts), "--output", str(out), "-q", log=log)  # fmt: skip
-    (results,) = out.glob("*/results.json")
+    done = sorted(out.glob("*/results.json")) if resume else []
+    if not done:
+        named = [a for m in models for a in ("--model", m)]
+        _mcprl("eval", server, "--path", str(path), "--project", project, *named,
+               "--seed", str(seed), "--attempts", str(attempts), "--output", str(out), "-q",
+               log=log)  # fmt: skip
+        done = sorted(out.glob("*/results.json"))
+    results = done[-1]
     return {row["model"]: row["metrics"] for row in json.loads(results.read_text())}
 
 
@@ -89,9 +98,16 @@ def main() -> None:
     )
     p.add_argument("--path", help="where the runs go (default: a temporary directory)")
     p.add_argument("--out", help="results JSON (default benchmarks/results/learning-<server>.json)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --path: keep the trainings and evaluations that finished there; do the rest",
+    )
     args = p.parse_args()
 
     variants = dict(v.split("=", 1) for v in (args.variant or ["default="]))
+    if args.resume and not args.path:
+        p.error("--resume needs the --path of the interrupted run")
     slug = args.server.replace("example:", "").replace("/", "_").replace(":", "_")
     out_file = Path(args.out or ROOT / "benchmarks" / "results" / f"learning-{slug}.json")
     out_file.parent.mkdir(parents=True, exist_ok=True)
@@ -106,9 +122,18 @@ def main() -> None:
     for name, flags in variants.items():
         train_args = ["train", args.server, "--path", str(path), "--project", project,
                       "--name", name, "-q", *shlex.split(flags)]  # fmt: skip
-        seconds = _mcprl(*train_args, log=log)
-        evals = [_eval(args.server, path, project, ["base", name], s, log, args.attempts)
-                 for s in seeds]  # fmt: skip
+        timed = path / f"{name}.train_seconds"
+        if args.resume and timed.exists():
+            seconds = float(timed.read_text())
+            print(f"{name}: trained before ({seconds / 60:.1f} min), kept", flush=True)
+        else:
+            if args.resume and (path / project / name).exists():
+                print(f"{name}: resuming its training from the last checkpoint; the wall time "
+                      "counts only what is left", flush=True)  # fmt: skip
+            seconds = _mcprl(*train_args, log=log)
+            timed.write_text(f"{seconds}\n")
+        evals = [_eval(args.server, path, project, ["base", name], s, log, args.attempts,
+                       args.resume) for s in seeds]  # fmt: skip
         base_key = next(k for k in evals[0] if "@" not in k)
         trained_key = next(k for k in evals[0] if "@" in k)
         run = {
