@@ -324,6 +324,7 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         eps_low=args.epsilon,
         eps_high=args.epsilon_high,
         scale_rewards=args.scale_rewards,
+        positive_weight=args.positive_weight,
         updates_per_step=args.updates_per_step,
     )
     if args.loss:
@@ -588,6 +589,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         choices=["group", "batch", "none"],
         help="divide advantages by the reward std of their group (GRPO), of the step's groups "
         f"(batch), or not at all (none, Dr. GRPO) (default {d.train.scale_rewards})",
+    )
+    t.add_argument(
+        "--positive-weight",
+        type=float,
+        help="weight of the attempts that beat their group's mean, in (0, 1]: below 1, "
+        "updates mostly push down what failed, which keeps the policy's other choices alive "
+        f"(W-REINFORCE uses 0.1) (default {d.train.positive_weight:g})",
     )
     t.add_argument(
         "--updates-per-step",

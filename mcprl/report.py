@@ -103,7 +103,8 @@ def _settings(run_dir: Path, info: dict[str, Any]) -> str:
         (
             "loss",
             f"{train.get('loss')}, clip {train.get('eps_low')}/{train.get('eps_high')}, "
-            f"KL beta {train.get('beta')}, scale rewards {train.get('scale_rewards')}",
+            f"KL beta {train.get('beta')}, scale rewards {train.get('scale_rewards')}, "
+            f"positive weight {train.get('positive_weight', 1.0)}",
         ),
         ("LoRA", f"r {lora.get('r')}, alpha {lora.get('alpha')}"),
         (

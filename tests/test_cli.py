@@ -78,3 +78,17 @@ def test_loop_flags_reach_the_rollout_config():
     default = _parser().parse_args(["train", "example:calculator", "--early-answer"])
     config = _run_config(default).rollout
     assert config.results_as == "json" and config.look_before_answer is False
+
+
+def test_training_flags_reach_the_train_config():
+    from mcprl.cli import _parser, _run_config
+
+    args = _parser().parse_args(
+        ["train", "example:calculator", "--positive-weight", "0.1", "--scale-rewards", "none"]
+    )
+    train = _run_config(args).train
+    assert train.positive_weight == 0.1 and train.scale_rewards == "none"
+    assert (
+        _run_config(_parser().parse_args(["train", "example:calculator"])).train.positive_weight
+        == 1.0
+    )

@@ -190,6 +190,24 @@ def test_equal_rewards_failed_and_untrainable_attempts_are_left_out():
     assert stats.trajectories_dropped == 2 and len(sequences) == 2
 
 
+def test_positive_weight_shrinks_only_the_attempts_that_beat_their_group():
+    rewards = [1.0, 0.5, 0.0, 0.0]
+    group = TrajectoryGroup(
+        trajectories=[traj(r, choice([1], [2 + i])) for i, r in enumerate(rewards)]
+    )
+    plain, _ = build_sequences([group], scale_rewards="none")
+    weighted, _ = build_sequences([group], scale_rewards="none", positive_weight=0.1)
+    assert [s.advantage for s in plain] == [0.625, 0.125, -0.375, -0.375]
+    assert [s.advantage for s in weighted] == pytest.approx([0.0625, 0.0125, -0.375, -0.375])
+
+
+def test_positive_weight_outside_0_1_is_refused_by_name():
+    with pytest.raises(ValueError, match="positive_weight"):
+        TrainConfig(positive_weight=0)
+    with pytest.raises(ValueError, match="positive_weight"):
+        TrainConfig(positive_weight=2)
+
+
 def test_micro_batches_respect_the_token_budget():
     sequences, _ = build_sequences(
         [

@@ -91,9 +91,13 @@ def _append(seq: Sequence, c: Choice) -> None:
 
 
 def build_sequences(
-    groups: list[TrajectoryGroup], scale_rewards: ScaleRewards = "group"
+    groups: list[TrajectoryGroup],
+    scale_rewards: ScaleRewards = "group",
+    positive_weight: float = 1.0,
 ) -> tuple[list[Sequence], BatchStats]:
-    """Training sequences for every group with signal, and what was left out."""
+    """Training sequences for every group with signal, and what was left out.
+
+    Positive advantages are multiplied by `positive_weight` (after scaling)."""
     stats = BatchStats()
     sequences: list[Sequence] = []
     usable_of = [
@@ -111,6 +115,8 @@ def build_sequences(
             continue
         index = stats.groups - stats.groups_skipped - 1
         for traj, adv in zip(usable, advantages, strict=True):
+            if adv > 0:
+                adv *= positive_weight
             for seq in _sequences_of(traj, adv):
                 seq.group = index
                 sequences.append(seq)

@@ -37,6 +37,15 @@ class TrainConfig(BaseModel):
         description='divide advantages by the std of their group ("group", GRPO), of the '
         'step\'s groups ("batch") or not at all ("none", Dr. GRPO); true/false mean group/none',
     )
+    positive_weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="weight of the attempts that beat their group's mean (W-REINFORCE, Zhu et "
+        "al. 2025, weights them 0.1): below 1, the update mostly pushes down what failed, and "
+        "the probability it frees goes to the alternatives by their odds under the policy, "
+        "instead of onto the one choice that won",
+    )
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     updates_per_step: int = Field(
         default=1,

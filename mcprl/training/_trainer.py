@@ -93,7 +93,9 @@ class LoraTrainer:
     ) -> dict[str, float]:
         """One GRPO update from `groups`; `on_progress(done, total)` after each micro-batch."""
         started = time.perf_counter()
-        sequences, stats = build_sequences(groups, scale_rewards=config.scale_rewards)
+        sequences, stats = build_sequences(
+            groups, scale_rewards=config.scale_rewards, positive_weight=config.positive_weight
+        )
         metrics = _reward_metrics(stats)
         if not sequences:
             logger.info("no group carried a signal; no update this step")
