@@ -594,8 +594,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "--positive-weight",
         type=float,
         help="weight of the attempts that beat their group's mean, in (0, 1]: below 1, "
-        "updates mostly push down what failed, which keeps the policy's other choices alive "
-        f"(W-REINFORCE uses 0.1) (default {d.train.positive_weight:g})",
+        "updates mostly push down what failed (W-REINFORCE uses 0.1; on the calculator at lr "
+        "2e-3, 0.1 unlearned copying the task's numbers in 4 steps: benchmarks/RESULTS.md) "
+        f"(default {d.train.positive_weight:g})",
     )
     t.add_argument(
         "--updates-per-step",
