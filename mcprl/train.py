@@ -80,7 +80,7 @@ class RunConfig(BaseModel):
     base_model: str = "smollm2-135m"
     steps: int = Field(default=10, ge=0, description="train until this step (resumes count)")
     groups_per_step: int = Field(default=4, ge=1)
-    rollouts_per_group: int = Field(default=6, ge=2, description="GRPO compares 2+ attempts")
+    rollouts_per_group: int = Field(default=8, ge=2, description="GRPO compares 2+ attempts")
     eval_every: int = Field(default=5, ge=0, description="0: baseline and final only")
     val_attempts: int = Field(default=2, ge=1, description="attempts per val scenario")
     max_val_scenarios: int | None = Field(default=None, ge=1)
