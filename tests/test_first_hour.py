@@ -26,7 +26,7 @@ def test_every_option_has_help_and_the_knobs_show_their_defaults(command, capsys
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     expected = {
-        "train": ["--groups-per-step", "(default 4)", "attempts per scenario (default 6)",
+        "train": ["--groups-per-step", "(default 4)", "attempts per scenario (default 8)",
                   "turns per attempt (default 6)", "(default 128)", "temperature (default 1)",
                   "(default 5)", "attempts per val scenario (default 2)",
                   "attempts in flight (default 32)", "learning rate (default 0.002)",
