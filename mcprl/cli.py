@@ -523,9 +523,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sampling",
-        choices=["curriculum", "uniform"],
+        choices=["curriculum", "fresh", "uniform"],
         help="which training scenarios a step draws: curriculum (likely to teach, easy first; "
-        "the default) or uniform",
+        "the default), fresh (the same, estimated per kind of task, the scenarios drawn least "
+        "first) or uniform",
     )
     p.add_argument(
         "--oversample",

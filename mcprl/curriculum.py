@@ -15,6 +15,13 @@ order), and kinds drawn earlier in the same step last: one kind the policy half-
 fill a step, and a redraw after a tie tries another kind. (In a calculator run without this, the
 "Add X and Y" tasks filled half of every step; the policy learned to call `add` for
 everything, multiplications and square roots included.)
+`fresh=True` estimates the chance per kind instead (the groups of all its scenarios pooled), and
+draws a kind's least-drawn scenarios before any it has drawn more often. Per scenario, a task
+the policy half-solves keeps winning the draw, and the policy learns that task's numbers: in a
+calculator run (seed 0, L30), "3 to the power of 2" was drawn at steps 4 and 5, its
+`power(base=2, exponent=3)` attempts (right tool, swapped numbers) beat the wrong tools, and by
+step 9 every power task was answered with `power(base=2, exponent=3)`, "7 to the power of 3"
+included.
 `uniform=True` draws every scenario with the same weight (the baseline this is measured against).
 Draws are weighted, without replacement, and seeded by (seed, step, round): a resumed run that
 replays the same history draws the same scenarios.
@@ -82,6 +89,7 @@ class ScenarioSampler:
         seed: int = 0,
         min_weight: float = 0.05,
         uniform: bool = False,
+        fresh: bool = False,
     ) -> None:
         self.scenarios = list(scenarios)
         if not self.scenarios:
@@ -89,7 +97,9 @@ class ScenarioSampler:
         self.seed = seed
         self.min_weight = min_weight
         self.uniform = uniform
+        self.fresh = fresh
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
+        self._kind = {s.id: task_kind(s) for s in self.scenarios}
 
     def observe(self, groups: Iterable[TrajectoryGroup]) -> None:
         """Record scored groups (unknown scenario ids are ignored)."""
@@ -106,10 +116,25 @@ class ScenarioSampler:
         """The estimated chance that the scenario's next group is informative (floored)."""
         if self.uniform:
             return 1.0
-        s = self.stats[scenario.id]
         prior = _PRIOR.get(scenario.difficulty, 0.5)
-        p = (s.informative + _PRIOR_STRENGTH * prior) / (s.groups + _PRIOR_STRENGTH)
+        if not self.fresh:
+            s = self.stats[scenario.id]
+            p = (s.informative + _PRIOR_STRENGTH * prior) / (s.groups + _PRIOR_STRENGTH)
+            return max(p, self.min_weight)
+        kind = self._kind[scenario.id]
+        same = [self.stats[i] for i, k in self._kind.items() if k == kind]
+        groups = sum(s.groups for s in same)
+        informative = sum(s.informative for s in same)
+        p = (informative + _PRIOR_STRENGTH * prior) / (groups + _PRIOR_STRENGTH)
         return max(p, self.min_weight)
+
+    def _drawn_more(self, scenario: Scenario) -> int:
+        """With `fresh`: how many more groups it had than its kind's least-drawn scenario."""
+        if not self.fresh:
+            return 0
+        kind = self._kind[scenario.id]
+        least = min(self.stats[i].groups for i, k in self._kind.items() if k == kind)
+        return self.stats[scenario.id].groups - least
 
     def draw(
         self, k: int, *, step: int, round_index: int = 0, exclude: Sequence[str] = ()
@@ -119,7 +144,8 @@ class ScenarioSampler:
         excluded = set(exclude)
         pool = [s for s in self.scenarios if s.id not in excluded]
         # weighted sampling without replacement (Efraimidis-Spirakis keys u^(1/w))
-        keyed = sorted(pool, key=lambda s: rng.random() ** (1.0 / self.weight(s)), reverse=True)
+        keys = {s.id: rng.random() ** (1.0 / self.weight(s)) for s in pool}
+        keyed = sorted(pool, key=lambda s: (-self._drawn_more(s), keys[s.id]), reverse=True)
         if self.uniform:
             return keyed[:k]
         # one scenario per kind of task first, kinds already drawn this step last

@@ -84,9 +84,10 @@ class RunConfig(BaseModel):
     eval_every: int = Field(default=5, ge=0, description="0: baseline and final only")
     val_attempts: int = Field(default=2, ge=1, description="attempts per val scenario")
     max_val_scenarios: int | None = Field(default=None, ge=1)
-    sampling: Literal["curriculum", "uniform"] = Field(
+    sampling: Literal["curriculum", "fresh", "uniform"] = Field(
         default="curriculum",
         description="curriculum: scenarios likely to give differing rewards, easy first; "
+        "fresh: the same, estimated per kind of task, the scenarios drawn least first; "
         "uniform: every training scenario alike",
     )
     oversample: float = Field(
@@ -461,7 +462,10 @@ class TrainingRun:
     async def _sampler(self) -> ScenarioSampler:
         """The training-scenario sampler, with the groups of every step so far replayed."""
         sampler = ScenarioSampler(
-            self.scenarios.train, seed=self.config.seed, uniform=self.config.sampling == "uniform"
+            self.scenarios.train,
+            seed=self.config.seed,
+            uniform=self.config.sampling == "uniform",
+            fresh=self.config.sampling == "fresh",
         )
         for _, groups in sorted((await self.backend.trajectories(self.model, "train")).items()):
             sampler.observe(groups)

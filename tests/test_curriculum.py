@@ -88,6 +88,44 @@ def test_a_step_draws_different_kinds_of_task_before_repeating_one():
     assert redraw[0].id == "mul"
 
 
+def _kinded(sid: str, tool: str, difficulty: int = 1) -> Scenario:
+    call = ReferenceCall(tool=tool, arguments={})
+    return Scenario(
+        id=sid, task=sid, difficulty=difficulty, reference=Reference(answer="1", calls=[call])
+    )
+
+
+def test_fresh_sampling_draws_a_kinds_unseen_scenarios_before_repeating_one():
+    powers = [_kinded(f"pow{i}", "power") for i in range(5)]
+    sampler = ScenarioSampler(powers, seed=0, fresh=True)
+    seen = []
+    for step in range(1, 6):  # the policy half-solves each: per scenario, it would be drawn again
+        (drawn,) = sampler.draw(1, step=step)
+        seen.append(drawn.id)
+        sampler.observe([_group(drawn.id, [1.0, 0.0, 0.0])])
+    assert sorted(seen) == [s.id for s in powers]  # five steps, five different power tasks
+
+    by_scenario = ScenarioSampler(powers, seed=0)
+    by_scenario.observe([_group("pow0", [1.0, 0.0])] * 3)
+    assert by_scenario.weight(powers[0]) > by_scenario.weight(powers[1])  # the repeat is favoured
+
+
+def test_fresh_sampling_estimates_informativeness_per_kind():
+    scenarios = [_kinded(f"add{i}", "add") for i in range(4)] + [
+        _kinded(f"root{i}", "root", difficulty=5) for i in range(4)
+    ]
+    sampler = ScenarioSampler(scenarios, seed=0, fresh=True)
+    for i in range(2):  # two adds always solved: every add, seen or not, stops looking easy
+        sampler.observe([_group(f"add{i}", [1.0, 1.0, 1.0])] * 3)
+    sampler.observe([_group("root0", [1.0, 0.0, 0.0])])
+    unseen_add, unseen_root = scenarios[3], scenarios[7]
+    assert sampler.weight(unseen_add) < sampler.weight(unseen_root)
+    adds = ScenarioSampler(scenarios[:4], seed=0, fresh=True)
+    adds.observe([_group("add0", [1.0, 0.0])])
+    for step in range(1, 21):  # add0 was drawn: the other three come first, every time
+        assert "add0" not in [s.id for s in adds.draw(3, step=step)]
+
+
 # -- dynamic sampling in the loop, with a scripted policy ------------------------------------
 
 
