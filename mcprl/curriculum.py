@@ -18,10 +18,9 @@ everything, multiplications and square roots included.)
 `fresh=True` estimates the chance per kind instead (the groups of all its scenarios pooled), and
 draws a kind's least-drawn scenarios before any it has drawn more often. Per scenario, a task
 the policy half-solves keeps winning the draw, and the policy learns that task's numbers: in a
-calculator run (seed 0, L30), "3 to the power of 2" was drawn at steps 4 and 5, its
-`power(base=2, exponent=3)` attempts (right tool, swapped numbers) beat the wrong tools, and by
-step 9 every power task was answered with `power(base=2, exponent=3)`, "7 to the power of 3"
-included.
+calculator run (seed 0, L30), "3 to the power of 2" was drawn at steps 4 and 5, its attempts
+that called `power` with base 2 (right tool, wrong numbers) beat the `add` calls around them,
+and at step 9 five of eight attempts at "7 to the power of 3" called `power(base=2, exponent=3)`.
 `uniform=True` draws every scenario with the same weight (the baseline this is measured against).
 Draws are weighted, without replacement, and seeded by (seed, step, round): a resumed run that
 replays the same history draws the same scenarios.
