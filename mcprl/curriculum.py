@@ -99,6 +99,7 @@ class ScenarioSampler:
         self.fresh = fresh
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
         self._kind = {s.id: task_kind(s) for s in self.scenarios}
+        self._by_kind = {kind: ScenarioStats() for kind in self._kind.values()}
 
     def observe(self, groups: Iterable[TrajectoryGroup]) -> None:
         """Record scored groups (unknown scenario ids are ignored)."""
@@ -106,34 +107,23 @@ class ScenarioSampler:
             stats = self.stats.get(g.scenario_id or "")
             if stats is None or not g.trajectories:
                 continue
-            stats.groups += 1
-            stats.informative += is_informative(g)
-            stats.attempts += len(g.trajectories)
-            stats.successes += sum(t.metrics.get("success", 0.0) >= 1.0 for t in g.trajectories)
+            kind = self._by_kind[self._kind[g.scenario_id or ""]]
+            informative = is_informative(g)
+            solved = sum(t.metrics.get("success", 0.0) >= 1.0 for t in g.trajectories)
+            for s in (stats, kind):
+                s.groups += 1
+                s.informative += informative
+                s.attempts += len(g.trajectories)
+                s.successes += solved
 
     def weight(self, scenario: Scenario) -> float:
         """The estimated chance that the scenario's next group is informative (floored)."""
         if self.uniform:
             return 1.0
         prior = _PRIOR.get(scenario.difficulty, 0.5)
-        if not self.fresh:
-            s = self.stats[scenario.id]
-            p = (s.informative + _PRIOR_STRENGTH * prior) / (s.groups + _PRIOR_STRENGTH)
-            return max(p, self.min_weight)
-        kind = self._kind[scenario.id]
-        same = [self.stats[i] for i, k in self._kind.items() if k == kind]
-        groups = sum(s.groups for s in same)
-        informative = sum(s.informative for s in same)
-        p = (informative + _PRIOR_STRENGTH * prior) / (groups + _PRIOR_STRENGTH)
+        s = self._by_kind[self._kind[scenario.id]] if self.fresh else self.stats[scenario.id]
+        p = (s.informative + _PRIOR_STRENGTH * prior) / (s.groups + _PRIOR_STRENGTH)
         return max(p, self.min_weight)
-
-    def _drawn_more(self, scenario: Scenario) -> int:
-        """With `fresh`: how many more groups it had than its kind's least-drawn scenario."""
-        if not self.fresh:
-            return 0
-        kind = self._kind[scenario.id]
-        least = min(self.stats[i].groups for i, k in self._kind.items() if k == kind)
-        return self.stats[scenario.id].groups - least
 
     def draw(
         self, k: int, *, step: int, round_index: int = 0, exclude: Sequence[str] = ()
@@ -144,7 +134,17 @@ class ScenarioSampler:
         pool = [s for s in self.scenarios if s.id not in excluded]
         # weighted sampling without replacement (Efraimidis-Spirakis keys u^(1/w))
         keys = {s.id: rng.random() ** (1.0 / self.weight(s)) for s in pool}
-        keyed = sorted(pool, key=lambda s: (-self._drawn_more(s), keys[s.id]), reverse=True)
+        if self.fresh:  # a kind's least-drawn scenarios before the ones it drew more often
+            least: dict[tuple[str, ...], int] = {}
+            for sid, kind in self._kind.items():
+                least[kind] = min(least.get(kind, self.stats[sid].groups), self.stats[sid].groups)
+            keyed = sorted(
+                pool,
+                key=lambda s: (least[self._kind[s.id]] - self.stats[s.id].groups, keys[s.id]),
+                reverse=True,
+            )
+        else:
+            keyed = sorted(pool, key=lambda s: keys[s.id], reverse=True)
         if self.uniform:
             return keyed[:k]
         # one scenario per kind of task first, kinds already drawn this step last
