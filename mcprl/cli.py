@@ -523,10 +523,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sampling",
-        choices=["curriculum", "fresh", "uniform"],
-        help="which training scenarios a step draws: curriculum (likely to teach, easy first; "
-        "the default), fresh (the same, estimated per kind of task, the scenarios drawn least "
-        "first) or uniform",
+        choices=["fresh", "curriculum", "uniform"],
+        help="which training scenarios a step draws: fresh (kinds of task likely to teach, easy "
+        "first, each kind's least-drawn scenarios first; the default), curriculum (the same, "
+        "estimated per scenario) or uniform",
     )
     p.add_argument(
         "--oversample",

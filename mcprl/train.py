@@ -84,10 +84,10 @@ class RunConfig(BaseModel):
     eval_every: int = Field(default=5, ge=0, description="0: baseline and final only")
     val_attempts: int = Field(default=2, ge=1, description="attempts per val scenario")
     max_val_scenarios: int | None = Field(default=None, ge=1)
-    sampling: Literal["curriculum", "fresh", "uniform"] = Field(
-        default="curriculum",
-        description="curriculum: scenarios likely to give differing rewards, easy first; "
-        "fresh: the same, estimated per kind of task, the scenarios drawn least first; "
+    sampling: Literal["fresh", "curriculum", "uniform"] = Field(
+        default="fresh",
+        description="fresh: kinds of task likely to give differing rewards, easy first, each "
+        "kind's least-drawn scenarios first; curriculum: the same estimated per scenario; "
         "uniform: every training scenario alike",
     )
     oversample: float = Field(
