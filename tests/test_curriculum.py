@@ -200,6 +200,31 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
     assert said[-1].startswith("  warning: every attempt of this step scored")
 
 
+@pytest.mark.anyio
+async def test_a_default_run_draws_each_task_of_a_kind_before_repeating_one(tmp_path):
+    call = ReferenceCall(tool="add", arguments={"a": 2, "b": 3})
+    mixed = [
+        Scenario(id=f"mixed{i}", task=f"mixed {i}: add 2 and 3.", split="train", difficulty=1,
+                 reference=Reference(answer="5", calls=[call]))
+        for i in range(3)
+    ]  # fmt: skip
+    scenarios = ScenarioSet([*mixed, _scenario("val")])
+    scenarios.scenarios[-1].split = "val"
+    calculator = load_example("calculator").server
+    with LocalChatServer(_policy) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=3, groups_per_step=1, rollouts_per_group=2, eval_every=0,
+                           reward="reference", write_report=False)  # fmt: skip
+        assert config.sampling == "fresh"
+        run = TrainingRun(config, calculator, backend, say=lambda _: None, progress=False)
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        for _ in range(3):
+            await run._step(summary)
+    drawn = [g.scenario_id for groups in backend.trained for g in groups]
+    assert sorted(drawn) == ["mixed0", "mixed1", "mixed2"]  # each group differed, none repeated
+
+
 def _summary(run: TrainingRun):
     from mcprl.train import RunSummary
 
