@@ -148,12 +148,12 @@ class ScenarioSampler:
         if self.uniform:
             return keyed[:k]
         # one scenario per kind of task first, kinds already drawn this step last
-        taken = {task_kind(s) for s in self.scenarios if s.id in excluded}
+        taken = {self._kind[sid] for sid in excluded if sid in self._kind}
         first: list[Scenario] = []
         for s in keyed:
-            if len(first) < k and task_kind(s) not in taken:
+            if len(first) < k and self._kind[s.id] not in taken:
                 first.append(s)
-                taken.add(task_kind(s))
+                taken.add(self._kind[s.id])
         rest = [s for s in keyed if s not in first]
         return (first + rest)[:k]
 
