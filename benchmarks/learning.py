@@ -10,7 +10,9 @@ For each variant (a name and extra `mcprl train` flags; `default` is the command
    command a user types, and its wall time is taken;
 2. `mcprl eval SERVER --model base --model VARIANT --seed S` compares the base model and the
    trained adapter on the val split, once per evaluation seed (`--seeds`, from 1000: seeds that
-   training never used), with the same attempts per scenario as the run's own evaluations.
+   training never used), with the same attempts per scenario as the run's own evaluations,
+   and with the variant's flags that say how attempts are made (`--dtype`, `--temperature`,
+   `--min-p`, ...: the base model is measured as the trained one is).
 
 It prints, per variant, val success and reward as mean ± sd over the seeds, the difference to the
 base model in points and in units of the base model's seed-to-seed sd, the run's wall time and
@@ -55,15 +57,34 @@ def _mcprl(*args: str, log: Path) -> float:
     return time.perf_counter() - started
 
 
+# `mcprl train` flags that `mcprl eval` takes too, and that change how an attempt is made
+_EVAL_VALUED = ("--dtype", "--device", "--temperature", "--top-p", "--min-p", "--max-turns",
+                "--max-tokens", "--results-as")  # fmt: skip
+_EVAL_SWITCHES = ("--early-answer", "--fresh-sessions")
+
+
+def eval_flags(train_flags: list[str]) -> list[str]:
+    """The flags of a training command that its evaluations must repeat."""
+    out, it = [], iter(train_flags)
+    for flag in it:
+        name = flag.split("=", 1)[0]
+        if name in _EVAL_SWITCHES:
+            out.append(flag)
+        elif name in _EVAL_VALUED:
+            out += [flag] if "=" in flag else [flag, next(it, "")]
+    return out
+
+
 def _eval(server: str, path: Path, project: str, models: list[str], seed: int, log: Path,
-          attempts: int, resume: bool = False) -> dict[str, dict[str, float]]:  # fmt: skip
+          attempts: int, resume: bool = False, flags: list[str] = ()
+          ) -> dict[str, dict[str, float]]:  # fmt: skip
     out = path / "evals" / f"seed{seed}-{'-'.join(models)}"
     done = sorted(out.glob("*/results.json")) if resume else []
     if not done:
         named = [a for m in models for a in ("--model", m)]
         _mcprl("eval", server, "--path", str(path), "--project", project, *named,
                "--seed", str(seed), "--attempts", str(attempts), "--output", str(out), "-q",
-               log=log)  # fmt: skip
+               *flags, log=log)  # fmt: skip
         done = sorted(out.glob("*/results.json"))
     results = done[-1]
     return {row["model"]: row["metrics"] for row in json.loads(results.read_text())}
@@ -133,7 +154,7 @@ def main() -> None:
             seconds = _mcprl(*train_args, log=log)
             timed.write_text(f"{seconds}\n")
         evals = [_eval(args.server, path, project, ["base", name], s, log, args.attempts,
-                       args.resume) for s in seeds]  # fmt: skip
+                       args.resume, eval_flags(shlex.split(flags))) for s in seeds]  # fmt: skip
         base_key = next(k for k in evals[0] if "@" not in k)
         trained_key = next(k for k in evals[0] if "@" in k)
         run = {

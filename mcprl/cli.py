@@ -292,12 +292,33 @@ def _loop_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _sampling_flags(p: argparse.ArgumentParser) -> None:
+    """How attempts sample tokens; `mcprl train`, `autorl` and `eval` share them."""
+    from mcprl.rollout import RolloutConfig
+
+    d = RolloutConfig()
+    p.add_argument(
+        "--temperature", type=float, help=f"sampling temperature (default {d.temperature:g})"
+    )
+    p.add_argument(
+        "--top-p", type=float, help=f"nucleus sampling; 1 turns it off (default {d.top_p:g})"
+    )
+    p.add_argument(
+        "--min-p",
+        type=float,
+        help="drop tokens less likely than MIN_P times the likeliest one; 0 turns it off "
+        f"(default {d.min_p:g}; sent as `min_p`, which vLLM and `mcprl serve` read)",
+    )
+
+
 def _rollout_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The RolloutConfig fields the flags set (a flag left out keeps the default)."""
     fields = (
         "max_turns",
         "max_tokens",
         "temperature",
+        "top_p",
+        "min_p",
         "look_before_answer",
         "share_session",
         "results_as",
@@ -541,11 +562,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-tokens", type=int, help=f"tokens per model reply (default {d.rollout.max_tokens})"
     )
-    p.add_argument(
-        "--temperature",
-        type=float,
-        help=f"sampling temperature (default {d.rollout.temperature:g})",
-    )
+    _sampling_flags(p)
     p.add_argument(
         "--reward",
         choices=["auto", "ruler", "reference", "both"],
@@ -836,7 +853,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table = format_table(rows)
         return table, writer.finish(rows, groups, table)
 
-    args.dtype = "auto"
     with _backend(args) as backend:
         table, out = anyio.run(run, backend)
     print(table)
@@ -986,6 +1002,13 @@ def _parser() -> argparse.ArgumentParser:
         default="smollm2-135m",
         help="the model 'base' means, and the runs' base (default smollm2-135m)",
     )
+    ev.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="auto",
+        help="the local models' weights, as the run trained them (default auto: bfloat16 on a "
+        "GPU and on a CPU with native bfloat16, else float32)",
+    )
     _add_device(ev)
     ev.add_argument("--api-base", help="base URL for LiteLLM models (e.g. a vLLM server)")
     ev.add_argument(
@@ -999,7 +1022,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--judge-api-base", help="OpenAI-compatible base URL for the judge")
     ev.add_argument("--max-turns", type=int, help="default: as `mcprl train`")
     ev.add_argument("--max-tokens", type=int, help="default: as `mcprl train`")
-    ev.add_argument("--temperature", type=float, help="default: as `mcprl train`")
+    _sampling_flags(ev)
     _loop_flags(ev)
     ev.add_argument(
         "--seed",

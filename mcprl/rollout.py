@@ -117,6 +117,15 @@ class RolloutConfig(BaseModel):
         description='"required" suits small models: every turn is a call, complete_task ends it',
     )
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling (1: off)")
+    min_p: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="drop tokens less likely than min_p times the likeliest one (0: off). Sent "
+        "as `min_p` in the request body, which vLLM, SGLang, llama.cpp and `mcprl serve` read; "
+        "a hosted API may reject it",
+    )
     max_tokens: int = Field(default=128, ge=1, description="per completion")
     tool_timeout: float = Field(default=30.0, gt=0)
     max_result_chars: int = Field(default=4000, description="tool output kept per call")
@@ -371,6 +380,8 @@ async def _complete(
         "temperature": config.temperature,
         "max_tokens": config.max_tokens,
     }
+    if config.top_p < 1.0:
+        kwargs["top_p"] = config.top_p
     if traj.tools:
         kwargs.update(tools=traj.tools, tool_choice=_tool_choice(traj, config, turn))
     if config.seed is not None:
@@ -378,6 +389,8 @@ async def _complete(
     if trainable:
         kwargs["logprobs"] = TOKEN_REQUEST["logprobs"]
     extra = {**(TOKEN_REQUEST["extra_body"] if trainable else {}), **config.extra_body}
+    if config.min_p > 0.0:
+        extra.setdefault("min_p", config.min_p)
     if extra:
         kwargs["extra_body"] = extra
     try:

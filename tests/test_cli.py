@@ -80,6 +80,19 @@ def test_loop_flags_reach_the_rollout_config():
     assert config.results_as == "json" and config.look_before_answer is False
 
 
+def test_sampling_flags_reach_the_rollout_config_of_train_and_eval():
+    from mcprl.cli import _parser, _rollout_flags, _run_config
+
+    flags = ["--temperature", "0.8", "--top-p", "0.95", "--min-p", "0.1"]
+    config = _run_config(_parser().parse_args(["train", "example:calculator", *flags])).rollout
+    assert (config.temperature, config.top_p, config.min_p) == (0.8, 0.95, 0.1)
+    ev = _parser().parse_args(
+        ["eval", "example:calculator", "--model", "base", "--dtype", "float32", *flags]
+    )
+    assert _rollout_flags(ev) == {"temperature": 0.8, "top_p": 0.95, "min_p": 0.1}
+    assert ev.dtype == "float32"
+
+
 def test_training_flags_reach_the_train_config():
     from mcprl.cli import _parser, _run_config
 

@@ -7,6 +7,7 @@ row's tokens do not depend on which other rows share its batch.
 from __future__ import annotations
 
 import json
+import math
 import queue
 import threading
 import time
@@ -121,6 +122,21 @@ def test_rows_leave_when_done_and_the_batch_goes_on(engine):
     lengths = [len(f.result(timeout=120)[0].token_ids) for f in futures]
     assert lengths == [3, 25, 9]
     assert all(f.result()[0].finish_reason == "length" for f in futures)
+
+
+def test_min_p_rows_draw_only_likely_tokens_and_leave_their_neighbours_alone(engine):
+    prompt = _prompt(engine, "Write a strange poem about numbers.")
+    free = SamplingParams(max_tokens=24, seed=5, temperature=1.3, ignore_eos=True)
+    alone = engine.generate_blocking(prompt, free)
+    strict = SamplingParams(
+        max_tokens=24, seed=5, temperature=1.3, min_p=0.3, top_logprobs=1, ignore_eos=True
+    )
+    both = [engine.submit(prompt, strict), engine.submit(prompt, free)]
+    (kept,), (neighbour,) = [f.result(timeout=120) for f in both]
+    # under min_p 0.3 every drawn token is at least 0.3 times as likely as the likeliest one
+    for logp, top in zip(kept.logprobs, kept.top_logprobs, strict=True):
+        assert logp >= top[0][1] + math.log(0.3) - 1e-5
+    assert neighbour.token_ids == alone[0].token_ids
 
 
 def test_grammar_rows_and_free_rows_mixed_in_one_batch_all_keep_their_rules(engine):

@@ -205,6 +205,24 @@ async def test_an_endpoint_without_token_ids_gives_a_valid_untrainable_trajector
     assert t.metrics["trainable"] == 0 and reference_reward(t, SCENARIO) == 1.0
 
 
+async def test_sampling_settings_reach_the_endpoint_as_vllm_reads_them(calculator):
+    def respond(body):
+        done = len(body["messages"]) > 2
+        payload = chat_completion(None)
+        payload["choices"][0]["message"]["tool_calls"] = [
+            call("complete_task", {"answer": 42}) if done else call("multiply", {"a": 6, "b": 7})
+        ]
+        return 200, payload
+
+    with LocalChatServer(respond) as server:
+        hosted = Model(name="hosted", base_url=server.base_url, api_key="k")
+        await rollout(hosted, SCENARIO, calculator, RolloutConfig(top_p=0.9, min_p=0.1))
+        await rollout(hosted, SCENARIO, calculator, RolloutConfig())
+    tuned, plain = server.requests[0], server.requests[-1]
+    assert tuned["top_p"] == 0.9 and tuned["min_p"] == 0.1  # min_p: top level, as vLLM reads
+    assert "top_p" not in plain and "min_p" not in plain  # off: nothing a hosted API may reject
+
+
 async def test_a_server_dying_mid_attempt_fails_that_attempt_only(tmp_path):
     spec = fragile_server(tmp_path)
     good = ScriptedPolicy(

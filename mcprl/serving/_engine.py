@@ -49,6 +49,7 @@ class SamplingParams:
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
+    min_p: float = 0.0  # drop tokens less likely than min_p times the likeliest one
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     n: int = 1
@@ -423,6 +424,7 @@ class Engine:
             temperature=torch.tensor([[p.temperature or 1.0] for p in params], device=device),
             greedy=torch.tensor([p.temperature == 0 for p in params], device=device),
             top_p=torch.tensor([p.top_p for p in params], device=device),
+            min_p=torch.tensor([p.min_p for p in params], device=device),
             max_len=torch.tensor(
                 [
                     min(p.max_tokens, self.max_context - len(r.request.prompt_ids))
@@ -454,6 +456,8 @@ class Engine:
         logp = torch.log_softmax(logits / batch.temperature, dim=-1)
         if bool((batch.top_p < 1.0).any()):
             logp = _top_p(logp, batch.top_p)
+        if bool((batch.min_p > 0.0).any()):
+            logp = _min_p(logp, batch.min_p)
         # Inverse-CDF sampling with one uniform draw per row from that row's own seeded stream:
         # as exact as torch.multinomial and about 20x cheaper on a 49k vocabulary.
         cdf = logp.exp().cumsum(dim=-1)
@@ -583,12 +587,13 @@ class _Batch:
     temperature: torch.Tensor  # [rows, 1]
     greedy: torch.Tensor  # [rows]
     top_p: torch.Tensor  # [rows]
+    min_p: torch.Tensor  # [rows]
     max_len: torch.Tensor  # [rows], tokens a row may sample (max_tokens, context)
     stops_at_eos: torch.Tensor  # [rows]
     count: torch.Tensor  # [rows], tokens sampled so far
 
-    _ROWWISE = ("logits", "draws", "temperature", "greedy", "top_p", "max_len", "stops_at_eos",
-                "count", "positions")  # fmt: skip
+    _ROWWISE = ("logits", "draws", "temperature", "greedy", "top_p", "min_p", "max_len",
+                "stops_at_eos", "count", "positions")  # fmt: skip
 
     def select(self, keep: list[int]) -> None:
         """Keep these rows; drop the cache columns no remaining row attends to."""
@@ -661,6 +666,13 @@ def _top_p(logp: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     drop_sorted = (cumulative - sorted_logp.exp()) >= top_p[:, None]
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+def _min_p(logp: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Keep the tokens at least min_p times as likely as the row's likeliest; renormalize (a
+    row with min_p 0 keeps everything)."""
+    floor = logp.max(dim=-1, keepdim=True).values + torch.log(min_p)[:, None]
+    return torch.log_softmax(logp.masked_fill(logp < floor, float("-inf")), dim=-1)
 
 
 def _hit_stop(tokenizer: Any, tokens: list[int], stops: list[str]) -> bool:

@@ -220,6 +220,7 @@ def build_app(
             max_tokens=max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
+            min_p=req.min_p,
             stop=req.stops,
             seed=req.seed,
             n=req.n,
