@@ -524,6 +524,9 @@ def print_summary(summary: Any, again: str) -> None:
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
+    from typing import get_args
+
+    from mcprl.curriculum import Sampling
     from mcprl.train import RunConfig
 
     d = RunConfig()  # the defaults shown are the library's: one source of truth
@@ -544,7 +547,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sampling",
-        choices=["fresh", "curriculum", "uniform"],
+        choices=get_args(Sampling),
         help="which training scenarios a step draws: fresh (kinds of task likely to teach, easy "
         "first, each kind's least-drawn scenarios first; the default), curriculum (the same, "
         "estimated per scenario) or uniform",

@@ -15,13 +15,15 @@ order), and kinds drawn earlier in the same step last: one kind the policy half-
 fill a step, and a redraw after a tie tries another kind. (In a calculator run without this, the
 "Add X and Y" tasks filled half of every step; the policy learned to call `add` for
 everything, multiplications and square roots included.)
-`fresh=True` estimates the chance per kind instead (the groups of all its scenarios pooled), and
-draws a kind's least-drawn scenarios before any it has drawn more often. Per scenario, a task
-the policy half-solves keeps winning the draw, and the policy learns that task's numbers: in a
-calculator run (seed 0, L30), "3 to the power of 2" was drawn at steps 4 and 5, its attempts
-that called `power` with base 2 (right tool, wrong numbers) beat the `add` calls around them,
-and at step 9 five of eight attempts at "7 to the power of 3" called `power(base=2, exponent=3)`.
-`uniform=True` draws every scenario with the same weight (the baseline this is measured against).
+`mode="fresh"` (the default, as in `mcprl train`) estimates the chance per kind instead (the
+groups of all its scenarios pooled), and draws a kind's least-drawn scenarios before any it has
+drawn more often. Per scenario, a task the policy half-solves keeps winning the draw, and the
+policy learns that task's numbers: in a calculator run (seed 0, L30), "3 to the power of 2" was
+drawn at steps 4 and 5, its attempts that called `power` with base 2 (right tool, wrong numbers)
+beat the `add` calls around them, and at step 9 five of eight attempts at "7 to the power of 3"
+called `power(base=2, exponent=3)`. `mode="curriculum"` makes the estimate per scenario (the
+default until L32); `mode="uniform"` draws every scenario with the same weight (the baseline
+this is measured against).
 Draws are weighted, without replacement, and seeded by (seed, step, round): a resumed run that
 replays the same history draws the same scenarios.
 
@@ -39,11 +41,14 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from mcprl.scenarios import Scenario
 from mcprl.types import TrajectoryGroup
 
-__all__ = ["ScenarioSampler", "ScenarioStats", "is_informative", "task_kind"]
+__all__ = ["Sampling", "ScenarioSampler", "ScenarioStats", "is_informative", "task_kind"]
+
+Sampling = Literal["fresh", "curriculum", "uniform"]
 
 # prior chance that a group at each difficulty differs: start easy
 _PRIOR = {1: 0.8, 2: 0.6, 3: 0.4, 4: 0.3, 5: 0.2}
@@ -87,16 +92,17 @@ class ScenarioSampler:
         *,
         seed: int = 0,
         min_weight: float = 0.05,
-        uniform: bool = False,
-        fresh: bool = False,
+        mode: Sampling = "fresh",
     ) -> None:
         self.scenarios = list(scenarios)
         if not self.scenarios:
             raise ValueError("the sampler needs at least one scenario")
+        if mode not in get_args(Sampling):
+            choices = ", ".join(get_args(Sampling))
+            raise ValueError(f"sampling mode {mode!r}: choose one of {choices}")
         self.seed = seed
         self.min_weight = min_weight
-        self.uniform = uniform
-        self.fresh = fresh
+        self.mode = mode
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
         self._kind = {s.id: task_kind(s) for s in self.scenarios}
         self._by_kind = {kind: ScenarioStats() for kind in self._kind.values()}
@@ -118,10 +124,13 @@ class ScenarioSampler:
 
     def weight(self, scenario: Scenario) -> float:
         """The estimated chance that the scenario's next group is informative (floored)."""
-        if self.uniform:
+        if self.mode == "uniform":
             return 1.0
         prior = _PRIOR.get(scenario.difficulty, 0.5)
-        s = self._by_kind[self._kind[scenario.id]] if self.fresh else self.stats[scenario.id]
+        if self.mode == "fresh":
+            s = self._by_kind[self._kind[scenario.id]]
+        else:
+            s = self.stats[scenario.id]
         p = (s.informative + _PRIOR_STRENGTH * prior) / (s.groups + _PRIOR_STRENGTH)
         return max(p, self.min_weight)
 
@@ -134,7 +143,7 @@ class ScenarioSampler:
         pool = [s for s in self.scenarios if s.id not in excluded]
         # weighted sampling without replacement (Efraimidis-Spirakis keys u^(1/w))
         keys = {s.id: rng.random() ** (1.0 / self.weight(s)) for s in pool}
-        if self.fresh:  # a kind's least-drawn scenarios before the ones it drew more often
+        if self.mode == "fresh":  # a kind's least-drawn scenarios before those it drew more
             least: dict[tuple[str, ...], int] = {}
             for sid, kind in self._kind.items():
                 least[kind] = min(least.get(kind, self.stats[sid].groups), self.stats[sid].groups)
@@ -145,7 +154,7 @@ class ScenarioSampler:
             )
         else:
             keyed = sorted(pool, key=lambda s: keys[s.id], reverse=True)
-        if self.uniform:
+        if self.mode == "uniform":
             return keyed[:k]
         # one scenario per kind of task first, kinds already drawn this step last
         taken = {self._kind[sid] for sid in excluded if sid in self._kind}

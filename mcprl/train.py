@@ -51,7 +51,7 @@ from mcprl.collect import (
     score_groups,
     summarize,
 )
-from mcprl.curriculum import ScenarioSampler, is_informative
+from mcprl.curriculum import Sampling, ScenarioSampler, is_informative
 from mcprl.errors import JudgeFailedError, PreflightError
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel
@@ -84,7 +84,7 @@ class RunConfig(BaseModel):
     eval_every: int = Field(default=5, ge=0, description="0: baseline and final only")
     val_attempts: int = Field(default=2, ge=1, description="attempts per val scenario")
     max_val_scenarios: int | None = Field(default=None, ge=1)
-    sampling: Literal["fresh", "curriculum", "uniform"] = Field(
+    sampling: Sampling = Field(
         default="fresh",
         description="fresh: kinds of task likely to give differing rewards, easy first, each "
         "kind's least-drawn scenarios first; curriculum: the same estimated per scenario; "
@@ -464,8 +464,7 @@ class TrainingRun:
         sampler = ScenarioSampler(
             self.scenarios.train,
             seed=self.config.seed,
-            uniform=self.config.sampling == "uniform",
-            fresh=self.config.sampling == "fresh",
+            mode=self.config.sampling,
         )
         for _, groups in sorted((await self.backend.trajectories(self.model, "train")).items()):
             sampler.observe(groups)

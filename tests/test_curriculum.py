@@ -44,7 +44,7 @@ def test_the_sampler_starts_easy_and_leaves_scenarios_that_stopped_teaching():
     scenarios = [_scenario(f"e{i}", 1) for i in range(4)] + [
         _scenario(f"h{i}", 5) for i in range(4)
     ]
-    sampler = ScenarioSampler(scenarios, seed=0)
+    sampler = ScenarioSampler(scenarios, seed=0, mode="curriculum")
     first = [s.id for step in range(1, 41) for s in sampler.draw(2, step=step)]
     easy = sum(sid.startswith("e") for sid in first)
     assert easy > 0.65 * len(first)  # prior 0.8 vs 0.2: easy tasks come first
@@ -64,8 +64,10 @@ def test_draws_are_distinct_seeded_and_exclude_what_was_drawn():
     assert [s.id for s in batch] == [s.id for s in sampler.draw(4, step=2)]  # resume repeats it
     rest = sampler.draw(4, step=2, round_index=4, exclude=[s.id for s in batch])
     assert len(rest) == 2 and not {s.id for s in rest} & {s.id for s in batch}
-    uniform = ScenarioSampler([_scenario("a", 1), _scenario("b", 5)], uniform=True)
+    uniform = ScenarioSampler([_scenario("a", 1), _scenario("b", 5)], mode="uniform")
     assert uniform.weight(uniform.scenarios[0]) == uniform.weight(uniform.scenarios[1])
+    with pytest.raises(ValueError, match="'random': choose one of fresh, curriculum, uniform"):
+        ScenarioSampler(uniform.scenarios, mode="random")
 
 
 def test_a_step_draws_different_kinds_of_task_before_repeating_one():
@@ -77,13 +79,13 @@ def test_a_step_draws_different_kinds_of_task_before_repeating_one():
 
     adds = [kind(f"add{i}", "add") for i in range(8)]
     others = [kind("mul", "multiply"), kind("avg", "add", "add", "divide")]
-    sampler = ScenarioSampler(adds + others, seed=0)
+    sampler = ScenarioSampler(adds + others, seed=0, mode="curriculum")
     for step in range(1, 21):
         drawn = sampler.draw(3, step=step)
         assert sum(s.id.startswith("add") for s in drawn) == 1  # 8 of 10 are adds, yet one
         again = sampler.draw(2, step=step, round_index=1, exclude=[s.id for s in drawn])
         assert [s.id.startswith("add") for s in again] == [True, True]  # only adds are left
-    sampler = ScenarioSampler([*adds, others[0]], seed=0)
+    sampler = ScenarioSampler([*adds, others[0]], seed=0, mode="curriculum")
     redraw = sampler.draw(1, step=1, round_index=1, exclude=["add0"])  # an add tied this step
     assert redraw[0].id == "mul"
 
@@ -97,7 +99,7 @@ def _kinded(sid: str, tool: str, difficulty: int = 1) -> Scenario:
 
 def test_fresh_sampling_draws_a_kinds_unseen_scenarios_before_repeating_one():
     powers = [_kinded(f"pow{i}", "power") for i in range(5)]
-    sampler = ScenarioSampler(powers, seed=0, fresh=True)
+    sampler = ScenarioSampler(powers, seed=0, mode="fresh")
     seen = []
     for step in range(1, 6):  # the policy half-solves each: per scenario, it would be drawn again
         (drawn,) = sampler.draw(1, step=step)
@@ -105,7 +107,7 @@ def test_fresh_sampling_draws_a_kinds_unseen_scenarios_before_repeating_one():
         sampler.observe([_group(drawn.id, [1.0, 0.0, 0.0])])
     assert sorted(seen) == [s.id for s in powers]  # five steps, five different power tasks
 
-    by_scenario = ScenarioSampler(powers, seed=0)
+    by_scenario = ScenarioSampler(powers, seed=0, mode="curriculum")
     by_scenario.observe([_group("pow0", [1.0, 0.0])] * 3)
     assert by_scenario.weight(powers[0]) > by_scenario.weight(powers[1])  # the repeat is favoured
 
@@ -114,13 +116,13 @@ def test_fresh_sampling_estimates_informativeness_per_kind():
     scenarios = [_kinded(f"add{i}", "add") for i in range(4)] + [
         _kinded(f"root{i}", "root", difficulty=5) for i in range(4)
     ]
-    sampler = ScenarioSampler(scenarios, seed=0, fresh=True)
+    sampler = ScenarioSampler(scenarios, seed=0, mode="fresh")
     for i in range(2):  # two adds always solved: every add, seen or not, stops looking easy
         sampler.observe([_group(f"add{i}", [1.0, 1.0, 1.0])] * 3)
     sampler.observe([_group("root0", [1.0, 0.0, 0.0])])
     unseen_add, unseen_root = scenarios[3], scenarios[7]
     assert sampler.weight(unseen_add) < sampler.weight(unseen_root)
-    adds = ScenarioSampler(scenarios[:4], seed=0, fresh=True)
+    adds = ScenarioSampler(scenarios[:4], seed=0, mode="fresh")
     adds.observe([_group("add0", [1.0, 0.0])])
     for step in range(1, 21):  # add0 was drawn: the other three come first, every time
         assert "add0" not in [s.id for s in adds.draw(3, step=step)]
