@@ -826,7 +826,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ruler import Judge
 
     project = args.project or _default_project(args.server)
-    config = RunConfig().rollout.model_copy(update=_rollout_flags(args))
+    defaults = RunConfig().rollout
+    try:  # validated as `mcprl train` validates them (model_copy would not check the values)
+        config = type(defaults)(**(defaults.model_dump() | _rollout_flags(args)))
+    except ValidationError as exc:
+        raise ValueError(_option_error(exc)) from None
 
     async def run(backend: Any) -> tuple[str, Path]:
         scenarios = await eval_scenarios(

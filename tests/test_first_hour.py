@@ -82,6 +82,16 @@ def test_bad_knobs_fail_in_one_line_naming_the_flag(flags, message, tmp_path, ca
     assert not (tmp_path / "calculator").exists()  # nothing written
 
 
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_bad_sampling_flag_fails_in_one_line_before_any_work(command, tmp_path, capsys):
+    models = ["--model", "base"] if command == "eval" else []
+    args = [command, "example:calculator", *models, "--path", str(tmp_path), "--min-p", "-1"]
+    code = main([*args, "-q"])
+    err = capsys.readouterr().err
+    assert code == 1 and "--min-p -1.0: must be greater than or equal to 0" in err, err
+    assert not (tmp_path / "calculator").exists()  # nothing evaluated, nothing written
+
+
 def test_threads_come_from_the_flag_or_the_environment(monkeypatch):
     import torch
 
