@@ -372,14 +372,23 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         lr_schedule=args.lr_schedule,
     )
     defaults = RunConfig()
+    fields |= {
+        "rollout": _with_flags(defaults.rollout, rollout),
+        "train": _with_flags(defaults.train, train),
+        "lora": _with_flags(defaults.lora, lora),
+        "write_report": not args.no_report,
+    }
     try:
-        fields |= {
-            "rollout": type(defaults.rollout)(**(defaults.rollout.model_dump() | rollout)),
-            "train": type(defaults.train)(**(defaults.train.model_dump() | train)),
-            "lora": type(defaults.lora)(**(defaults.lora.model_dump() | lora)),
-            "write_report": not args.no_report,
-        }
         return RunConfig(**(fields | overrides))
+    except ValidationError as exc:
+        raise ValueError(_option_error(exc)) from None
+
+
+def _with_flags(defaults: Any, flags: dict[str, Any]) -> Any:
+    """A copy of a config model with the flags' values, validated (`model_copy` would not
+    check them); a bad value is one line naming its flag."""
+    try:
+        return type(defaults)(**(defaults.model_dump() | flags))
     except ValidationError as exc:
         raise ValueError(_option_error(exc)) from None
 
@@ -826,11 +835,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ruler import Judge
 
     project = args.project or _default_project(args.server)
-    defaults = RunConfig().rollout
-    try:  # validated as `mcprl train` validates them (model_copy would not check the values)
-        config = type(defaults)(**(defaults.model_dump() | _rollout_flags(args)))
-    except ValidationError as exc:
-        raise ValueError(_option_error(exc)) from None
+    config = _with_flags(RunConfig().rollout, _rollout_flags(args))
 
     async def run(backend: Any) -> tuple[str, Path]:
         scenarios = await eval_scenarios(
