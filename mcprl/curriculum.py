@@ -5,15 +5,10 @@ solves, or never does, gives a group of equal rewards and no update. `ScenarioSa
 each scenario's groups across steps and draws, for each step, scenarios in proportion to the
 estimated chance that their next group differs:
 
-    P(informative) = (sum of the groups' spreads + 2 * prior) / (groups + 2)
+    P(informative) = (informative groups + 2 * prior) / (groups + 2)
 
 a Beta posterior mean whose prior falls with difficulty (0.8 for difficulty 1 down to 0.2 for
 difficulty 5), so a run starts from the easy end and moves on as the easy tasks stop teaching.
-A group counts by its *spread*, the gap between its best and worst reward (capped at 1): a group
-with a success and a failure counts about 1, a tie 0, and a group whose attempts all failed and
-differ only by partial credit (0.1 for reporting a wrong tool's result) counts 0.1. Counted as
-simply "differs", those groups kept tasks no attempt ever solved as likely as any: in calculator
-runs (L33, L34) tasks of two to four calls took 15-18 of ~50 groups and none was ever solved.
 A floor (`min_weight`) keeps every scenario drawable, so one that stopped teaching can come back.
 A step's draws take one scenario per *kind* of task first (the tools its reference calls, in
 order), and kinds drawn earlier in the same step last: one kind the policy half-solves cannot
@@ -51,14 +46,7 @@ from typing import Literal, get_args
 from mcprl.scenarios import Scenario
 from mcprl.types import TrajectoryGroup
 
-__all__ = [
-    "Sampling",
-    "ScenarioSampler",
-    "ScenarioStats",
-    "is_informative",
-    "reward_spread",
-    "task_kind",
-]
+__all__ = ["Sampling", "ScenarioSampler", "ScenarioStats", "is_informative", "task_kind"]
 
 Sampling = Literal["fresh", "curriculum", "uniform"]
 
@@ -75,15 +63,10 @@ def task_kind(scenario: Scenario) -> tuple[str, ...]:
     return tuple(c.tool for c in ref.calls)
 
 
-def reward_spread(group: TrajectoryGroup) -> float:
-    """Its best reward minus its worst, capped at 1 (0 for a tie or a lone scored attempt)."""
-    rewards = [t.reward for t in group.trajectories if t.reward is not None]
-    return min(max(rewards) - min(rewards), 1.0) if len(rewards) >= 2 else 0.0
-
-
 def is_informative(group: TrajectoryGroup) -> bool:
     """Its rewards are not all equal (GRPO has something to learn from it)."""
-    return reward_spread(group) > 1e-9
+    rewards = [t.reward for t in group.trajectories if t.reward is not None]
+    return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-9
 
 
 @dataclass
@@ -91,7 +74,7 @@ class ScenarioStats:
     """What the training groups of one scenario did so far."""
 
     groups: int = 0
-    informative: float = 0.0  # the groups' reward spreads, summed (module doc)
+    informative: int = 0
     attempts: int = 0
     successes: int = 0
 
@@ -131,7 +114,7 @@ class ScenarioSampler:
             if stats is None or not g.trajectories:
                 continue
             kind = self._by_kind[self._kind[g.scenario_id or ""]]
-            informative = reward_spread(g)
+            informative = is_informative(g)
             solved = sum(t.metrics.get("success", 0.0) >= 1.0 for t in g.trajectories)
             for s in (stats, kind):
                 s.groups += 1

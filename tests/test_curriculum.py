@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from mcprl.curriculum import ScenarioSampler, is_informative, reward_spread
+from mcprl.curriculum import ScenarioSampler, is_informative
 from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
 from mcprl.types import Trajectory, TrajectoryGroup
@@ -38,24 +38,6 @@ def test_a_group_is_informative_only_when_its_rewards_differ():
     assert is_informative(_group("a", [1.0, 0.0]))
     assert not is_informative(_group("a", [0.3, 0.3, 0.3]))
     assert not is_informative(_group("a", [1.0]))
-
-
-def test_groups_that_differ_only_by_partial_credit_count_for_little():
-    assert reward_spread(_group("a", [1.0, 0.1, 0.0])) == 1.0
-    assert reward_spread(_group("a", [0.1, 0.0, 0.1])) == pytest.approx(0.1)
-    assert reward_spread(_group("a", [3.0, -2.0])) == 1.0  # capped: any scale counts at most 1
-    assert reward_spread(_group("a", [0.25])) == 0.0
-    half = [_kinded(f"add{i}", "add") for i in range(3)]
-    never = [_kinded(f"avg{i}", "add") for i in range(3)]
-    for s in never:  # another kind: three calls, never solved
-        s.reference.calls = [ReferenceCall(tool=t, arguments={}) for t in ("add", "add", "divide")]
-    sampler = ScenarioSampler(half + never, seed=0)
-    for _ in range(4):  # both kinds' groups differ every time, but only one kind has successes
-        sampler.observe([_group("add0", [1.0, 0.0, 0.1]), _group("avg0", [0.1, 0.0, 0.1])])
-    assert sampler.weight(half[1]) == pytest.approx((4 + 1.6) / 6)
-    assert sampler.weight(never[1]) == pytest.approx((0.4 + 1.6) / 6)
-    drawn = [s.id[:3] for step in range(1, 1001) for s in sampler.draw(1, step=step)]
-    assert drawn.count("add") > 2 * drawn.count("avg")
 
 
 def test_the_sampler_starts_easy_and_leaves_scenarios_that_stopped_teaching():
