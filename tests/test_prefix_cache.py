@@ -84,3 +84,43 @@ def test_engine_output_is_the_same_with_and_without_the_prefix_cache(fp32_model)
             )
             < 1e-3
         )
+
+
+def test_rows_that_share_a_cached_head_read_one_copy_and_decode_as_with_a_copy_each(fp32_model):
+    """Groups of identical prompts arrive while others decode (each group its own cache entry,
+    the groups sharing a shorter head), then a prompt with no cached head: the rows keep one
+    copy of what they share, and every row decodes as it does with a copy of the head per row."""
+    import time
+
+    from mcprl.serving import Engine
+    from mcprl.serving._engine import SamplingParams
+
+    tok = fp32_model.tokenizer
+    head = tok.encode("System: you are a careful assistant who answers briefly. " * 10)
+    groups = [
+        head + tok.encode(f"User: the number {n}; say something true of it.") for n in (7, 31)
+    ]
+    lone = tok.encode("A prompt that shares nothing with the others.")
+
+    def run(shared: bool):
+        engine = Engine(fp32_model, shared_attention=shared)
+        try:
+            futures = []
+            for prompt in groups:
+                params = [SamplingParams(temperature=0.0, max_tokens=14 + 3 * j) for j in range(3)]
+                futures += [
+                    engine.submit(prompt[: len(prompt) - j], p) for j, p in enumerate(params)
+                ]
+                time.sleep(0.2)
+            futures.append(engine.submit(lone, SamplingParams(temperature=0.0, max_tokens=6)))
+            return [f.result(timeout=120)[0] for f in futures], dict(engine.stats)
+        finally:
+            engine.close()
+
+    copies, plain_stats = run(False)
+    shared, shared_stats = run(True)
+    assert plain_stats["shared_steps"] == 0 and shared_stats["shared_steps"] > 0
+    for a, b in zip(copies, shared, strict=True):
+        assert a.token_ids == b.token_ids
+        drift = [abs(x - y) for x, y in zip(a.model_logprobs, b.model_logprobs, strict=True)]
+        assert max(drift) < 1e-3

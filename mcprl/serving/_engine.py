@@ -117,6 +117,7 @@ class Engine:
         max_batch_size: int = 32,
         batch_wait_s: float = 0.01,
         prefix_cache: bool = True,
+        shared_attention: bool = True,
         canonical: bool = False,
     ):
         self.loaded = loaded
@@ -145,12 +146,22 @@ class Engine:
         self._idle = threading.Condition(self._model_lock)  # notified after every step
         self._stops: torch.Tensor | None = None
         self.device = next(self.model.parameters()).device
+        # the KV cache's dtype: on CPU float32, which its matrix products read in place (_kv)
+        self.kv_dtype = torch.float32 if self.device.type == "cpu" else None
         if self.device.type == "cpu":  # see mcprl.serving._kv
             self.model.set_attn_implementation(CPU_ATTENTION)
+        # rows keep a cached prompt head once for all of them, not a copy each (`_Prefix`);
+        # that needs mcprl's attention function, installed on CPU only
+        self.shared_attention = (
+            shared_attention
+            and self.device.type == "cpu"
+            and os.environ.get("MCPRL_SHARED_ATTENTION", "1") != "0"
+        )
         # prefills: admissions into the running batch; steps: forward passes of the batch
         # prefill_tokens: prompt tokens run through the model (after the shared-prefix cache)
+        # shared_steps: steps whose rows read one copy of their common prompt head (`_Prefix`)
         self.stats = {"prefills": 0, "steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0,
-                      "prefill_s": 0.0, "step_s": 0.0}  # fmt: skip
+                      "prefill_s": 0.0, "step_s": 0.0, "shared_steps": 0}  # fmt: skip
         use_prefix = prefix_cache and os.environ.get("MCPRL_PREFIX_CACHE", "1") != "0"
         self.prefix_cache = PrefixCache() if use_prefix else None
         threads = int(os.environ.get("MCPRL_TORCH_THREADS", "0")) or torch.get_num_threads()
@@ -351,6 +362,7 @@ class Engine:
         tokens, finished = self._sample(batch)
         self.stats["steps"] += 1
         self.stats["tokens"] += len(batch.rows)
+        self.stats["shared_steps"] += batch.prefix is not None
         for k in finished:
             self._complete(batch.rows[k])
         if finished:
@@ -369,6 +381,7 @@ class Engine:
             position_ids=batch.positions,
             past_key_values=batch.cache,
             use_cache=True,
+            **batch.prefix_kwargs(),
         )
         batch.logits = out.logits[:, -1, :].float()
         self.stats["step_s"] += time.perf_counter() - started
@@ -383,14 +396,19 @@ class Engine:
         if self.prefix_cache is not None:
 
             def build(ids: list[int]):
-                return prefix_kv(model, torch.tensor(ids, device=self.device), logits_to_keep=1)
+                kv = prefix_kv(model, torch.tensor(ids, device=self.device), logits_to_keep=1)
+                if self.kv_dtype is None:
+                    return kv
+                return [(k.to(self.kv_dtype), v.to(self.kv_dtype)) for k, v in kv]
 
             start, kv = self.prefix_cache.lookup(adapter, prompts, build)
-        cache = GrowingCache(torch.float32 if self.device.type == "cpu" else None)
-        for i, (keys, values) in enumerate(kv or []):
-            cache.update(
-                keys.expand(len(rows), -1, -1, -1), values.expand(len(rows), -1, -1, -1), i
-            )
+        cache = GrowingCache(self.kv_dtype)
+        prefix = _Prefix(tuple(prompts[0][:start]), kv) if kv and self.shared_attention else None
+        if prefix is None:  # a copy of the head in every row
+            for i, (keys, values) in enumerate(kv or []):
+                cache.update(
+                    keys.expand(len(rows), -1, -1, -1), values.expand(len(rows), -1, -1, -1), i
+                )
         width = max(len(p) - start for p in prompts)
         self.stats["prefill_tokens"] += width * len(prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -402,7 +420,7 @@ class Engine:
             [[0] * (width - len(p) + start) + [1] * (len(p) - start) for p in prompts],
             device=device,
         )
-        mask = torch.cat([tail.new_ones(len(rows), start), tail], dim=1)
+        mask = tail if prefix else torch.cat([tail.new_ones(len(rows), start), tail], dim=1)
         positions = start + (tail.cumsum(-1) - 1).clamp(min=0)
         out = model(
             input_ids=ids,
@@ -411,6 +429,7 @@ class Engine:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **({"shared_prefix": prefix.kv} if prefix else {}),
         )
         params = [r.request.params for r in rows]
         return _Batch(
@@ -434,6 +453,7 @@ class Engine:
             ),
             stops_at_eos=torch.tensor([not p.ignore_eos for p in params], device=device),
             count=torch.zeros(len(rows), dtype=torch.long, device=device),
+            prefix=prefix,
         )
 
     def _sample(self, batch: _Batch) -> tuple[torch.Tensor, list[int]]:
@@ -570,11 +590,26 @@ _RESPELL_TRIES = 8
 
 
 @dataclass
+class _Prefix:
+    """A prompt head every row of a batch starts with, its keys and values kept once: per
+    layer [1, Hkv, len(ids), D], from the prefix cache. The rows' own cache and mask cover only
+    what follows it, and the model's attention reads it through `shared_prefix`."""
+
+    ids: tuple[int, ...]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def head(self, length: int) -> _Prefix:
+        kv = [(k[:, :, :length], v[:, :, :length]) for k, v in self.kv]
+        return _Prefix(self.ids[:length], kv)
+
+
+@dataclass
 class _Batch:
     """The rows decoding together: their KV cache, attention mask and sampling state.
 
     Rows are left-padded to a common length; each row's positions are explicit, so rows that
-    joined at different times share one cache. Row-wise tensors are kept in row order.
+    joined at different times share one cache. Row-wise tensors are kept in row order. With a
+    shared `prefix`, the cache and mask start after it.
     """
 
     rows: list[_Row]
@@ -591,6 +626,7 @@ class _Batch:
     max_len: torch.Tensor  # [rows], tokens a row may sample (max_tokens, context)
     stops_at_eos: torch.Tensor  # [rows]
     count: torch.Tensor  # [rows], tokens sampled so far
+    prefix: _Prefix | None = None
 
     _ROWWISE = ("logits", "draws", "temperature", "greedy", "top_p", "min_p", "max_len",
                 "stops_at_eos", "count", "positions")  # fmt: skip
@@ -609,10 +645,37 @@ class _Batch:
             self.mask = self.mask[:, first:]
             self.cache.trim_left(first)
 
+    def prefix_kwargs(self) -> dict[str, Any]:
+        return {"shared_prefix": self.prefix.kv} if self.prefix is not None else {}
+
+    def _keep_shared(self, length: int) -> None:
+        """Share only the prefix's first `length` tokens: the rest moves into every row."""
+        prefix = self.prefix
+        if prefix is None or len(prefix.ids) <= length:
+            return
+        rows = len(self.rows)
+        rest = [(k[:, :, length:], v[:, :, length:]) for k, v in prefix.kv]
+        self.cache.prepend(
+            [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in rest]
+        )
+        moved = self.mask.new_ones(rows, len(prefix.ids) - length)
+        self.mask = torch.cat([moved, self.mask], dim=1)
+        self.prefix = prefix.head(length) if length else None
+
     def merge(self, other: _Batch) -> _Batch:
-        """One batch of both: the shorter side is left-padded (masked out) to the longer."""
+        """One batch of both: the shorter side is left-padded (masked out) to the longer. They
+        go on sharing the prompt head both shared, if any."""
         if other.adapter != self.adapter:
             raise ValueError("only rows for the same model share a batch")
+        mine, theirs = self.prefix, other.prefix
+        if mine is None or theirs is None or mine.ids != theirs.ids:
+            common = 0
+            if mine is not None and theirs is not None:
+                limit = min(len(mine.ids), len(theirs.ids))
+                while common < limit and mine.ids[common] == theirs.ids[common]:
+                    common += 1
+            self._keep_shared(common)
+            other._keep_shared(common)
         length = max(self.mask.shape[1], other.mask.shape[1])
 
         def pad(t: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,12 @@
   On CPU, torch's fused kernel is slower for this shape, and 5-7x slower when no padding mask is
   given. Several query tokens go to torch's SDPA in the cache's dtype, with each key-value
   head read once by its group of query heads (`enable_gqa`); the trainer uses it on CPU too.
+- Shared-prefix attention: when the forward call passes `shared_prefix` (per layer, the keys
+  and values of a prompt head every row starts with, batch 1), the cache holds only what
+  follows it in each row, and one query token's attention reads that head once for all rows
+  (one matrix product with every row's query heads stacked) instead of once per row. In an agent
+  step, 16-32 rows share a ~900-token system prompt and tool block: read per row, it was 45% of
+  a decoding step's time (16 rows, bfloat16, 2-core CPU).
 """
 
 from __future__ import annotations
@@ -29,23 +35,65 @@ HEADROOM = 128  # positions reserved beyond the current length when a layer's bu
 
 
 def cpu_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
-    """transformers' attention signature; `query` [B, H, q, D], keys [B, Hkv, T, D]."""
+    """transformers' attention signature; `query` [B, H, q, D], keys [B, Hkv, T, D].
+
+    `shared_prefix` (a keyword of the model's forward call, passed down to here): per layer,
+    (keys, values) [1, Hkv, P, D] that every row attends to before its own `key`/`value`."""
+    shared = kw.pop("shared_prefix", None)
+    prefix = shared[module.layer_idx] if shared is not None else None
     if query.shape[2] != 1 or dropout:
+        if prefix is not None:
+            key, value, attention_mask = _with_prefix(prefix, query, key, value, attention_mask)
         return _grouped_sdpa(module, query, key, value, attention_mask, scaling, dropout, **kw)
     batch, heads, _, dim = query.shape
     kv_heads = key.shape[1]
-    q = query.reshape(batch, kv_heads, heads // kv_heads, dim).to(key.dtype)
+    groups = heads // kv_heads
+    q = query.reshape(batch, kv_heads, groups, dim).to(key.dtype)
+    scale = scaling if scaling is not None else dim**-0.5
     scores = torch.matmul(q, key.transpose(-1, -2)).float()
-    scores *= scaling if scaling is not None else dim**-0.5
+    scores *= scale
     if attention_mask is not None:
         mask = attention_mask[:, :, -1:, :]  # [B, 1, 1, T]
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask
-    probs = scores.softmax(dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value).to(query.dtype)  # [B, Hkv, G, D]
-    return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+    if prefix is None:
+        probs = scores.softmax(dim=-1).to(value.dtype)
+        out = torch.matmul(probs, value).to(query.dtype)  # [B, Hkv, G, D]
+        return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+    # every row's query heads of one key-value head as the rows of one matrix product
+    prefix_keys, prefix_values = prefix[0][0], prefix[1][0]  # [Hkv, P, D]
+    length = prefix_keys.shape[1]
+    stacked = q.transpose(0, 1).reshape(kv_heads, batch * groups, dim)
+    head = torch.bmm(stacked, prefix_keys.transpose(-1, -2)).float() * scale  # [Hkv, B*G, P]
+    head = head.reshape(kv_heads, batch, groups, length).transpose(0, 1)
+    probs = torch.cat([head, scores], dim=-1).softmax(dim=-1).to(value.dtype)
+    out = torch.matmul(probs[..., length:], value)  # [B, Hkv, G, D]
+    weights = probs[..., :length].transpose(0, 1).reshape(kv_heads, batch * groups, length)
+    out += torch.bmm(weights, prefix_values).reshape(kv_heads, batch, groups, dim).transpose(0, 1)
+    return out.to(query.dtype).reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+def _with_prefix(prefix, query, key, value, attention_mask):
+    """Keys, values and mask with the shared prefix in front, for several query tokens (a
+    prefill after the prefix): every query attends to all of it."""
+    prefix_keys, prefix_values = prefix
+    batch, length = key.shape[0], prefix_keys.shape[2]
+    key = torch.cat([prefix_keys.expand(batch, -1, -1, -1), key], dim=2)
+    value = torch.cat([prefix_values.expand(batch, -1, -1, -1), value], dim=2)
+    queries, total = query.shape[2], key.shape[2]
+    if attention_mask is None:  # causal over the row's own tokens, the queries last
+        own = torch.arange(total - length, device=key.device)
+        at = torch.arange(queries, device=key.device) + (total - length - queries)
+        attention_mask = (own[None, :] <= at[:, None])[None, None]
+    shape = (*attention_mask.shape[:3], length)
+    if attention_mask.dtype == torch.bool:
+        head = attention_mask.new_ones(shape)
+    else:
+        head = attention_mask.new_zeros(shape)
+    attention_mask = torch.cat([head, attention_mask], dim=-1)
+    return key, value, attention_mask
 
 
 def _grouped_sdpa(module, query, key, value, attention_mask, scaling, dropout, **kw):
@@ -153,6 +201,19 @@ class GrowingLayer(DynamicLayer):
         self.length = 0
         self.update(keys, values)
 
+    def prepend(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Put `keys`/`values` [rows, Hkv, n, D] in front of every row's columns."""
+        if not self.is_initialized or not self.length:
+            self._k = self._v = None
+            self.length = 0
+            self.update(keys, values)
+            return
+        keys = torch.cat([keys.to(self.dtype), self._k[:, :, : self.length]], dim=2)
+        values = torch.cat([values.to(self.dtype), self._v[:, :, : self.length]], dim=2)
+        self._k = self._v = None
+        self.length = 0
+        self.update(keys, values)
+
 
 class GrowingCache(Cache):
     """A cache of `GrowingLayer`s (see the module docstring)."""
@@ -168,3 +229,10 @@ class GrowingCache(Cache):
     def stack(self, other: GrowingCache) -> None:
         for mine, theirs in zip(self.layers, other.layers, strict=True):
             mine.stack(theirs)
+
+    def prepend(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Put per-layer (keys, values) [rows, Hkv, n, D] in front of every row's columns."""
+        while len(self.layers) < len(kv):  # a cache no forward pass has written yet
+            self.layers.append(self.layer_class_to_replicate())
+        for layer, (keys, values) in zip(self.layers, kv, strict=True):
+            layer.prepend(keys, values)
