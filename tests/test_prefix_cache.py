@@ -124,3 +124,75 @@ def test_rows_that_share_a_cached_head_read_one_copy_and_decode_as_with_a_copy_e
         assert a.token_ids == b.token_ids
         drift = [abs(x - y) for x, y in zip(a.model_logprobs, b.model_logprobs, strict=True)]
         assert max(drift) < 1e-3
+
+
+def test_a_conversations_next_turn_starts_from_its_kept_reply(fp32_model):
+    """Three conversations of three turns each (the next prompt is the prompt, the reply and a
+    tool's answer), with a prompt that shares nothing arriving mid-way: with the replies' keys
+    and values kept, later turns run only what follows the reply, and every turn decodes as it
+    does when run whole."""
+    import time
+
+    from mcprl.serving import Engine
+    from mcprl.serving._engine import SamplingParams
+
+    tok = fp32_model.tokenizer
+    head = tok.encode("System: you are a careful assistant who answers briefly. " * 10)
+
+    def run(keep: bool):
+        engine = Engine(fp32_model, conversation_cache=keep)
+        prompts = [
+            head + tok.encode(f"User: the number {n}; say one true thing.") for n in (7, 31, 44)
+        ]
+        turns = []
+        try:
+            for turn in range(3):
+                params = [SamplingParams(temperature=0.0, max_tokens=6 + 2 * i) for i in range(3)]
+                futures = [engine.submit(p, s) for p, s in zip(prompts, params, strict=True)]
+                if turn == 1:
+                    time.sleep(0.2)
+                    lone = tok.encode("A prompt that shares nothing with the others.")
+                    futures.append(
+                        engine.submit(lone, SamplingParams(temperature=0.0, max_tokens=4))
+                    )
+                replies = [f.result(timeout=120)[0] for f in futures]
+                turns.append(replies)
+                prompts = [
+                    p + r.token_ids + tok.encode(f"\nTool: result {turn}.\nAssistant:")
+                    for p, r in zip(prompts, replies, strict=False)
+                ]
+            return turns, dict(engine.stats), engine.conversations
+        finally:
+            engine.close()
+
+    whole, whole_stats, _ = run(False)
+    kept, kept_stats, conversations = run(True)
+    assert conversations.stats["continued"] == 6  # turns 2 and 3 of each conversation
+    assert kept_stats["prefill_tokens"] < whole_stats["prefill_tokens"] / 2
+    for a_turn, b_turn in zip(whole, kept, strict=True):
+        for a, b in zip(a_turn, b_turn, strict=True):
+            assert a.token_ids == b.token_ids
+            drift = [abs(x - y) for x, y in zip(a.model_logprobs, b.model_logprobs, strict=True)]
+            assert max(drift) < 1e-3
+
+
+def test_kept_replies_stay_within_their_memory_budget():
+    from mcprl.serving._prefix import Continuation, ConversationCache
+
+    def entry(ids, head=None):
+        own = [(torch.zeros(1, 1, len(ids), 4), torch.zeros(1, 1, len(ids), 4))]
+        return Continuation(tuple(ids), head, own)
+
+    cache = ConversationCache(max_bytes=3 * 2 * 10 * 4 * 4)  # three 10-token replies
+    cache.add(None, entry(range(10)))
+    cache.add(None, entry(range(20, 30)))
+    assert cache.find(None, [*range(10), 99]).ids == tuple(range(10))
+    assert cache.find("other@1", [*range(10), 99]) is None  # another adapter's replies
+    cache.add(None, entry([*range(10), 99, 5, 6, 7, 8, 9, 10, 11, 12, 13]))  # moved on: replaces
+    assert len(cache.entries) == 2
+    cache.add(None, entry(range(40, 50)))
+    cache.add(None, entry(range(60, 70)))  # over budget: the least recently used goes
+    assert cache.find(None, [*range(20, 30), 1]) is None
+    assert cache.bytes <= cache.max_bytes
+    cache.drop(None)
+    assert not cache.entries and cache.bytes == 0

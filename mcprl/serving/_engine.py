@@ -36,7 +36,7 @@ from mcprl.serving._grammar import CanonicalTokens, GrammarFactory, apply_bitmas
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
 from mcprl.serving._models import LoadedModel
-from mcprl.serving._prefix import PrefixCache, prefix_kv
+from mcprl.serving._prefix import Continuation, ConversationCache, PrefixCache, prefix_kv
 
 __all__ = ["Completion", "Engine", "SamplingParams"]
 
@@ -118,6 +118,7 @@ class Engine:
         batch_wait_s: float = 0.01,
         prefix_cache: bool = True,
         shared_attention: bool = True,
+        conversation_cache: bool = True,
         canonical: bool = False,
     ):
         self.loaded = loaded
@@ -164,6 +165,8 @@ class Engine:
                       "prefill_s": 0.0, "step_s": 0.0, "shared_steps": 0}  # fmt: skip
         use_prefix = prefix_cache and os.environ.get("MCPRL_PREFIX_CACHE", "1") != "0"
         self.prefix_cache = PrefixCache() if use_prefix else None
+        keep = conversation_cache and os.environ.get("MCPRL_CONVERSATION_CACHE", "1") != "0"
+        self.conversations = ConversationCache() if keep else None
         threads = int(os.environ.get("MCPRL_TORCH_THREADS", "0")) or torch.get_num_threads()
         torch.set_num_threads(threads)
         self._worker = threading.Thread(target=self._run, name="mcprl-engine", daemon=True)
@@ -228,6 +231,8 @@ class Engine:
             self.adapters[name] = path
             if self.prefix_cache is not None:
                 self.prefix_cache.drop(name)
+            if self.conversations is not None:
+                self.conversations.drop(name)
 
     def unload_adapter(self, name: str) -> None:
         """Unload `name`, after the rows decoding with it have finished."""
@@ -239,6 +244,8 @@ class Engine:
             del self.adapters[name]
             if self.prefix_cache is not None:
                 self.prefix_cache.drop(name)
+            if self.conversations is not None:
+                self.conversations.drop(name)
             self._adapters.unload(name)
 
     def close(self) -> None:
@@ -342,18 +349,34 @@ class Engine:
             rows += request.params.n
         if not joining:
             return
-        new_rows = [
-            _Row(r, j, _draws(r.params, j), self._matcher(r))
-            for r in joining
-            for j in range(r.params.n)
-        ]
-        self.stats["prefills"] += 1
-        self.stats["rows"] += len(new_rows)
+        found: dict[int, Continuation] = {}
+        if self.conversations is not None:
+            for r in joining:
+                hit = self.conversations.find(adapter, r.prompt_ids)
+                if hit is not None:
+                    found[id(r)] = hit
         self._adapters.use(adapter)
-        started = time.perf_counter()
-        joined = self._prefill(self.model, new_rows, adapter)
-        self.stats["prefill_s"] += time.perf_counter() - started
-        self._batch = joined if self._batch is None else self._batch.merge(joined)
+        for group in (
+            [r for r in joining if id(r) in found],
+            [r for r in joining if id(r) not in found],
+        ):
+            if not group:
+                continue
+            new_rows = [
+                _Row(r, j, _draws(r.params, j), self._matcher(r))
+                for r in group
+                for j in range(r.params.n)
+            ]
+            self.stats["prefills"] += 1
+            self.stats["rows"] += len(new_rows)
+            started = time.perf_counter()
+            if id(group[0]) in found:
+                hits = [found[id(row.request)] for row in new_rows]
+                joined = self._prefill_continued(self.model, new_rows, hits, adapter)
+            else:
+                joined = self._prefill(self.model, new_rows, adapter)
+            self.stats["prefill_s"] += time.perf_counter() - started
+            self._batch = joined if self._batch is None else self._batch.merge(joined)
 
     def _step(self) -> None:
         """Sample one token for every row, retire finished rows, run the model once."""
@@ -364,6 +387,7 @@ class Engine:
         self.stats["tokens"] += len(batch.rows)
         self.stats["shared_steps"] += batch.prefix is not None
         for k in finished:
+            self._keep_conversation(batch, k)
             self._complete(batch.rows[k])
         if finished:
             keep = [k for k in range(len(batch.rows)) if k not in set(finished)]
@@ -431,6 +455,72 @@ class Engine:
             logits_to_keep=1,
             **({"shared_prefix": prefix.kv} if prefix else {}),
         )
+        return self._new_batch(rows, adapter, cache, mask, positions, out.logits, prefix)
+
+    def _prefill_continued(
+        self, model: Any, rows: list[_Row], found: list[Continuation], adapter: str | None
+    ) -> _Batch:
+        """Rows whose prompts continue kept replies: each starts from its reply's keys and
+        values (left-padded to a common length) and runs only what follows."""
+        heads = [c.head for c in found]
+        common = 0
+        if all(h is not None for h in heads):
+            common = min(len(h.ids) for h in heads)
+            first = heads[0].ids
+            for h in heads[1:]:
+                if h is not heads[0]:
+                    common = next((i for i in range(common) if h.ids[i] != first[i]), common)
+        own = []  # per row, per layer: the head beyond the common part, then the reply's own
+        for c in found:
+            if c.head is not None and c.head_length > common:
+                own.append(
+                    [
+                        (torch.cat([hk[:, :, common:], k], 2), torch.cat([hv[:, :, common:], v], 2))
+                        for (hk, hv), (k, v) in zip(c.head.kv, c.own, strict=True)
+                    ]
+                )
+            else:
+                own.append(c.own)
+        kept = [kv[0][0].shape[2] for kv in own]
+        width_kept = max(kept)
+        cache = GrowingCache(self.kv_dtype)
+        for i in range(len(own[0])):
+            like = own[0][i][0]
+            keys = like.new_zeros(len(rows), like.shape[1], width_kept, like.shape[3])
+            values = keys.clone()
+            for r, kv in enumerate(own):
+                keys[r, :, width_kept - kept[r] :] = kv[i][0][0]
+                values[r, :, width_kept - kept[r] :] = kv[i][1][0]
+            cache.update(keys, values, i)
+        device = self.device
+        starts = [len(c.ids) for c in found]
+        tails = [r.request.prompt_ids[n:] for r, n in zip(rows, starts, strict=True)]
+        width = max(len(t) for t in tails)
+        self.stats["prefill_tokens"] += width * len(rows)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad] * (width - len(t)) + t for t in tails], device=device)
+        tail = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in tails], device=device)
+        head_mask = torch.tensor(
+            [[0] * (width_kept - n) + [1] * n for n in kept], device=device, dtype=tail.dtype
+        )
+        mask = torch.cat([head_mask, tail], dim=1)
+        positions = torch.tensor(starts, device=device)[:, None] + (tail.cumsum(-1) - 1).clamp(
+            min=0
+        )
+        prefix = heads[0].head(common) if common else None
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **({"shared_prefix": prefix.kv} if prefix else {}),
+        )
+        return self._new_batch(rows, adapter, cache, mask, positions, out.logits, prefix)
+
+    def _new_batch(self, rows, adapter, cache, mask, positions, logits, prefix) -> _Batch:
+        device = self.device
         params = [r.request.params for r in rows]
         return _Batch(
             rows=rows,
@@ -438,7 +528,7 @@ class Engine:
             cache=cache,
             mask=mask,
             positions=positions[:, -1:],
-            logits=out.logits[:, -1, :].float(),
+            logits=logits[:, -1, :].float(),
             draws=_stack_draws([r.draws for r in rows], device),
             temperature=torch.tensor([[p.temperature or 1.0] for p in params], device=device),
             greedy=torch.tensor([p.temperature == 0 for p in params], device=device),
@@ -564,6 +654,28 @@ class Engine:
         host[2][k] = float(model_logp[k, token])
         host[3][k] = float(stop) + float(done)
         tokens[k] = token
+
+    def _keep_conversation(self, batch: _Batch, k: int) -> None:
+        """Keep row k's keys and values (it finished) for its conversation's next turn."""
+        if self.conversations is None:
+            return
+        row = batch.rows[k]
+        ids = (*row.request.prompt_ids, *row.tokens[:-1])  # what went through the model
+        columns = batch.mask[k].nonzero()[:, 0]
+        head = len(batch.prefix.ids) if batch.prefix is not None else 0
+        if head + len(columns) != len(ids):  # never expected; a miss costs only speed
+            logger.debug(
+                "not keeping a reply: %d cached tokens for %d", head + len(columns), len(ids)
+            )
+            return
+        own = [
+            (
+                layer.keys[k : k + 1].index_select(2, columns),
+                layer.values[k : k + 1].index_select(2, columns),
+            )
+            for layer in batch.cache.layers
+        ]
+        self.conversations.add(batch.adapter, Continuation(ids, batch.prefix, own))
 
     def _stop_tensor(self, device: torch.device) -> torch.Tensor:
         if self._stops is None or self._stops.device != device:

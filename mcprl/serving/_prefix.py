@@ -8,16 +8,28 @@ values), least recently used first out.
 
 A new entry is made when the rows of a wave share at least `min_tokens` and no cached entry comes
 within `slack` tokens of that; a single-row wave only reuses entries.
+
+`ConversationCache` keeps what follows the head for each finished reply: an agent's next turn
+repeats the previous prompt and the reply before the tool's answer, and starts from there.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["PrefixCache", "common_prefix_length", "expanded_cache", "prefix_kv"]
+__all__ = [
+    "Continuation",
+    "ConversationCache",
+    "PrefixCache",
+    "common_prefix_length",
+    "expanded_cache",
+    "prefix_kv",
+]
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, batch 1: (keys, values)
 
@@ -95,3 +107,88 @@ class PrefixCache:
 
     def clear(self) -> None:
         self.entries.clear()
+
+
+@dataclass
+class Continuation:
+    """A finished reply's keys and values, kept for the conversation's next turn.
+
+    `ids` are the prompt and the reply's tokens that went through the model (all but the last
+    sampled one); `head` is the prompt head the reply's batch shared (the engine's `_Prefix`,
+    or None), and `own` holds the rest, per layer [1, Hkv, len(ids) - len(head.ids), D]."""
+
+    ids: tuple[int, ...]
+    head: Any
+    own: KV
+
+    @property
+    def head_length(self) -> int:
+        return len(self.head.ids) if self.head is not None else 0
+
+
+def _storage(kv: KV) -> tuple[int, int]:
+    """(an id of the memory `kv` keeps alive, its size in bytes): views keep their whole base."""
+    size = sum(t.untyped_storage().nbytes() for k, v in kv for t in (k, v))
+    return kv[0][0].untyped_storage().data_ptr(), size
+
+
+class ConversationCache:
+    """The keys and values of recent replies, so that an agent's next turn, whose prompt is the
+    previous prompt, the reply and the tool's answer, runs only the tokens after the reply.
+
+    Held per adapter, least recently used first out, within `max_bytes` (each head counted once
+    however many replies share it). A reply that continues a kept one replaces it.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[tuple[str | None, tuple[int, ...]], Continuation] = OrderedDict()
+        self._heads: dict[int, list[int]] = {}  # storage id: [bytes, entries using it]
+        self.bytes = 0
+        # continued: prompts that started from a kept reply; saved_tokens: their kept tokens
+        self.stats = {"kept": 0, "continued": 0, "saved_tokens": 0}
+
+    def find(self, adapter: str | None, prompt: Sequence[int]) -> Continuation | None:
+        """The longest kept reply this prompt continues (leaving it a token to run), if any."""
+        best: Continuation | None = None
+        for (key_adapter, ids), entry in self.entries.items():
+            if key_adapter != adapter or len(ids) >= len(prompt):
+                continue
+            if (best is None or len(ids) > len(best.ids)) and tuple(prompt[: len(ids)]) == ids:
+                best = entry
+        if best is not None:
+            self.entries.move_to_end((adapter, best.ids))
+            self.stats["continued"] += 1
+            self.stats["saved_tokens"] += len(best.ids)
+        return best
+
+    def add(self, adapter: str | None, entry: Continuation) -> None:
+        for key in [k for k in self.entries if k[0] == adapter and entry.ids[: len(k[1])] == k[1]]:
+            self._remove(key)  # the conversation moved on (or the same reply again)
+        entry_bytes = sum(k.nbytes + v.nbytes for k, v in entry.own)
+        if entry.head is not None:
+            ptr, head_bytes = _storage(entry.head.kv)
+            slot = self._heads.setdefault(ptr, [head_bytes, 0])
+            if not slot[1]:
+                self.bytes += head_bytes
+            slot[1] += 1
+        self.bytes += entry_bytes
+        self.entries[(adapter, entry.ids)] = entry
+        self.stats["kept"] += 1
+        while self.bytes > self.max_bytes and self.entries:
+            self._remove(next(iter(self.entries)))
+
+    def drop(self, adapter: str | None) -> None:
+        for key in [k for k in self.entries if k[0] == adapter]:
+            self._remove(key)
+
+    def _remove(self, key: tuple[str | None, tuple[int, ...]]) -> None:
+        entry = self.entries.pop(key)
+        self.bytes -= sum(k.nbytes + v.nbytes for k, v in entry.own)
+        if entry.head is not None:
+            ptr, _ = _storage(entry.head.kv)
+            slot = self._heads[ptr]
+            slot[1] -= 1
+            if not slot[1]:
+                self.bytes -= slot[0]
+                del self._heads[ptr]
