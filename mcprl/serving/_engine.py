@@ -428,34 +428,17 @@ class Engine:
             start, kv = self.prefix_cache.lookup(adapter, prompts, build)
         cache = GrowingCache(self.kv_dtype)
         prefix = _Prefix(tuple(prompts[0][:start]), kv) if kv and self.shared_attention else None
-        if prefix is None:  # a copy of the head in every row
-            for i, (keys, values) in enumerate(kv or []):
+        head_mask = None
+        if prefix is None and kv:  # a copy of the head in every row
+            for i, (keys, values) in enumerate(kv):
                 cache.update(
                     keys.expand(len(rows), -1, -1, -1), values.expand(len(rows), -1, -1, -1), i
                 )
-        width = max(len(p) - start for p in prompts)
-        self.stats["prefill_tokens"] += width * len(prompts)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        device = self.device
-        ids = torch.tensor(
-            [[pad] * (width - len(p) + start) + p[start:] for p in prompts], device=device
+            head_mask = torch.ones(len(rows), start, dtype=torch.long, device=self.device)
+        tails = [p[start:] for p in prompts]
+        return self._run_tails(
+            model, rows, adapter, cache, head_mask, tails, [start] * len(rows), prefix
         )
-        tail = torch.tensor(
-            [[0] * (width - len(p) + start) + [1] * (len(p) - start) for p in prompts],
-            device=device,
-        )
-        mask = tail if prefix else torch.cat([tail.new_ones(len(rows), start), tail], dim=1)
-        positions = start + (tail.cumsum(-1) - 1).clamp(min=0)
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **({"shared_prefix": prefix.kv} if prefix else {}),
-        )
-        return self._new_batch(rows, adapter, cache, mask, positions, out.logits, prefix)
 
     def _prefill_continued(
         self, model: Any, rows: list[_Row], found: list[Continuation], adapter: str | None
@@ -482,32 +465,45 @@ class Engine:
             else:
                 own.append(c.own)
         kept = [kv[0][0].shape[2] for kv in own]
-        width_kept = max(kept)
+        width = max(kept)
         cache = GrowingCache(self.kv_dtype)
         for i in range(len(own[0])):
             like = own[0][i][0]
-            keys = like.new_zeros(len(rows), like.shape[1], width_kept, like.shape[3])
+            keys = like.new_zeros(len(rows), like.shape[1], width, like.shape[3])
             values = keys.clone()
             for r, kv in enumerate(own):
-                keys[r, :, width_kept - kept[r] :] = kv[i][0][0]
-                values[r, :, width_kept - kept[r] :] = kv[i][1][0]
+                keys[r, :, width - kept[r] :] = kv[i][0][0]
+                values[r, :, width - kept[r] :] = kv[i][1][0]
             cache.update(keys, values, i)
-        device = self.device
+        head_mask = torch.tensor([[0] * (width - n) + [1] * n for n in kept], device=self.device)
         starts = [len(c.ids) for c in found]
         tails = [r.request.prompt_ids[n:] for r, n in zip(rows, starts, strict=True)]
+        prefix = heads[0].head(common) if common else None
+        return self._run_tails(model, rows, adapter, cache, head_mask, tails, starts, prefix)
+
+    def _run_tails(
+        self,
+        model: Any,
+        rows: list[_Row],
+        adapter: str | None,
+        cache: GrowingCache,
+        head_mask: torch.Tensor | None,
+        tails: list[list[int]],
+        starts: list[int],
+        prefix: _Prefix | None,
+    ) -> _Batch:
+        """Run each row's `tails` (left-padded) after what `cache` holds for it (`head_mask`
+        marks it; `starts`: the position of each tail's first token), and make their batch."""
+        device = self.device
         width = max(len(t) for t in tails)
         self.stats["prefill_tokens"] += width * len(rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         ids = torch.tensor([[pad] * (width - len(t)) + t for t in tails], device=device)
         tail = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in tails], device=device)
-        head_mask = torch.tensor(
-            [[0] * (width_kept - n) + [1] * n for n in kept], device=device, dtype=tail.dtype
-        )
-        mask = torch.cat([head_mask, tail], dim=1)
+        mask = tail if head_mask is None else torch.cat([head_mask.to(tail.dtype), tail], dim=1)
         positions = torch.tensor(starts, device=device)[:, None] + (tail.cumsum(-1) - 1).clamp(
             min=0
         )
-        prefix = heads[0].head(common) if common else None
         out = model(
             input_ids=ids,
             attention_mask=mask,
@@ -517,10 +513,6 @@ class Engine:
             logits_to_keep=1,
             **({"shared_prefix": prefix.kv} if prefix else {}),
         )
-        return self._new_batch(rows, adapter, cache, mask, positions, out.logits, prefix)
-
-    def _new_batch(self, rows, adapter, cache, mask, positions, logits, prefix) -> _Batch:
-        device = self.device
         params = [r.request.params for r in rows]
         return _Batch(
             rows=rows,
@@ -528,7 +520,7 @@ class Engine:
             cache=cache,
             mask=mask,
             positions=positions[:, -1:],
-            logits=logits[:, -1, :].float(),
+            logits=out.logits[:, -1, :].float(),
             draws=_stack_draws([r.draws for r in rows], device),
             temperature=torch.tensor([[p.temperature or 1.0] for p in params], device=device),
             greedy=torch.tensor([p.temperature == 0 for p in params], device=device),
