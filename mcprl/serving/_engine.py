@@ -446,13 +446,7 @@ class Engine:
         """Rows whose prompts continue kept replies: each starts from its reply's keys and
         values (left-padded to a common length) and runs only what follows."""
         heads = [c.head for c in found]
-        common = 0
-        if all(h is not None for h in heads):
-            common = min(len(h.ids) for h in heads)
-            first = heads[0].ids
-            for h in heads[1:]:
-                if h is not heads[0]:
-                    common = next((i for i in range(common) if h.ids[i] != first[i]), common)
+        common = _shared_length(heads)
         own = []  # per row, per layer: the head beyond the common part, then the reply's own
         for c in found:
             if c.head is not None and c.head_length > common:
@@ -707,6 +701,17 @@ class _Prefix:
         return _Prefix(self.ids[:length], kv)
 
 
+def _shared_length(heads: list[_Prefix | None]) -> int:
+    """How many leading tokens all these heads share (0 if any is None)."""
+    if any(h is None for h in heads):
+        return 0
+    length = min(len(h.ids) for h in heads)
+    for h in heads[1:]:
+        if h is not heads[0]:
+            length = next((i for i in range(length) if h.ids[i] != heads[0].ids[i]), length)
+    return length
+
+
 @dataclass
 class _Batch:
     """The rows decoding together: their KV cache, attention mask and sampling state.
@@ -771,15 +776,9 @@ class _Batch:
         go on sharing the prompt head both shared, if any."""
         if other.adapter != self.adapter:
             raise ValueError("only rows for the same model share a batch")
-        mine, theirs = self.prefix, other.prefix
-        if mine is None or theirs is None or mine.ids != theirs.ids:
-            common = 0
-            if mine is not None and theirs is not None:
-                limit = min(len(mine.ids), len(theirs.ids))
-                while common < limit and mine.ids[common] == theirs.ids[common]:
-                    common += 1
-            self._keep_shared(common)
-            other._keep_shared(common)
+        common = _shared_length([self.prefix, other.prefix])
+        self._keep_shared(common)
+        other._keep_shared(common)
         length = max(self.mask.shape[1], other.mask.shape[1])
 
         def pad(t: torch.Tensor) -> torch.Tensor:

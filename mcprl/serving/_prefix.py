@@ -126,6 +126,10 @@ class Continuation:
         return len(self.head.ids) if self.head is not None else 0
 
 
+def _nbytes(kv: KV) -> int:
+    return sum(k.nbytes + v.nbytes for k, v in kv)
+
+
 def _storage(kv: KV) -> tuple[int, int]:
     """(an id of the memory `kv` keeps alive, its size in bytes): views keep their whole base."""
     size = sum(t.untyped_storage().nbytes() for k, v in kv for t in (k, v))
@@ -165,14 +169,13 @@ class ConversationCache:
     def add(self, adapter: str | None, entry: Continuation) -> None:
         for key in [k for k in self.entries if k[0] == adapter and entry.ids[: len(k[1])] == k[1]]:
             self._remove(key)  # the conversation moved on (or the same reply again)
-        entry_bytes = sum(k.nbytes + v.nbytes for k, v in entry.own)
         if entry.head is not None:
             ptr, head_bytes = _storage(entry.head.kv)
             slot = self._heads.setdefault(ptr, [head_bytes, 0])
             if not slot[1]:
                 self.bytes += head_bytes
             slot[1] += 1
-        self.bytes += entry_bytes
+        self.bytes += _nbytes(entry.own)
         self.entries[(adapter, entry.ids)] = entry
         self.stats["kept"] += 1
         while self.bytes > self.max_bytes and self.entries:
@@ -184,7 +187,7 @@ class ConversationCache:
 
     def _remove(self, key: tuple[str | None, tuple[int, ...]]) -> None:
         entry = self.entries.pop(key)
-        self.bytes -= sum(k.nbytes + v.nbytes for k, v in entry.own)
+        self.bytes -= _nbytes(entry.own)
         if entry.head is not None:
             ptr, _ = _storage(entry.head.kv)
             slot = self._heads[ptr]
