@@ -334,7 +334,7 @@ async def test_a_first_tool_is_forced_on_the_first_turn_only(calculator):
     assert first == {"type": "function", "function": {"name": "add"}}
     assert last == {"type": "function", "function": {"name": "complete_task"}}
     assert t.metadata["first_tool"] == "add" and reference_reward(t, SCENARIO) < 1.0
-    with pytest.raises(ValueError, match="'sqrt' is not a tool of this server.*multiply"):
+    with pytest.raises(ValueError, match=r"'sqrt' is not a tool of this server.*multiply"):
         await rollout(MODEL, SCENARIO, calculator, config.model_copy(
             update={"first_tool": "sqrt"}), client=ScriptedPolicy())  # fmt: skip
 
