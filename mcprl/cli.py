@@ -368,7 +368,6 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         max_concurrency=args.concurrency,
         sampling=args.sampling,
         oversample=args.oversample,
-        explore=args.explore,
         trackers=args.tracker,
         lr_schedule=args.lr_schedule,
     )
@@ -567,12 +566,6 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         type=float,
         help="draw up to this many times --groups-per-step scenarios to replace groups whose "
         f"rewards tie (default {d.oversample:g}; 1 disables)",
-    )
-    p.add_argument(
-        "--explore",
-        type=int,
-        help="attempts per group whose first call is of a tool drawn from the server's, "
-        f"distinct within the group (default {d.explore}; evaluations never explore)",
     )
     p.add_argument(
         "--max-turns", type=int, help=f"turns per attempt (default {d.rollout.max_turns})"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import statistics
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -59,40 +58,16 @@ async def collect_groups(
     max_exceptions: int | float = 0.25,
     desc: str = "rollouts",
     progress: bool = True,
-    explore: int = 0,
-    explore_tools: Sequence[str] = (),
 ) -> list[TrajectoryGroup]:
-    """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order.
-
-    `explore`: the last that many attempts of each group start with a call of a tool drawn from
-    `explore_tools` (`RolloutConfig.first_tool`), distinct within the group while there are
-    tools enough; the draw is fixed by `seed` and the scenario's position.
-    """
-    if explore and not explore_tools:
-        raise ValueError("explore needs the tools to draw from (explore_tools)")
-    explore = min(explore, attempts)
+    """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order."""
     async with model.openai_client() as client, attempt_server(server, config) as server:
 
-        def attempt(scenario: Scenario, i: int, a: int, first: str | None) -> Callable[[], Any]:
-            cfg = config.model_copy(
-                update={"seed": seed + (i * attempts + a) * SEED_STRIDE, "first_tool": first}
-            )
+        def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
+            cfg = config.model_copy(update={"seed": seed + (i * attempts + a) * SEED_STRIDE})
             return lambda: rollout(model, scenario, server, cfg, client=client)
 
-        def firsts(i: int) -> list[str | None]:
-            if not explore:
-                return [config.first_tool] * attempts
-            rng = random.Random(seed + i)
-            drawn: list[str] = []
-            while len(drawn) < explore:  # every tool once before any twice
-                drawn += rng.sample(list(explore_tools), min(len(explore_tools), explore))
-            return [config.first_tool] * (attempts - explore) + drawn[:explore]
-
         return await gather_groups(
-            [
-                [attempt(s, i, a, first) for a, first in enumerate(firsts(i))]
-                for i, s in enumerate(scenarios)
-            ],
+            [[attempt(s, i, a) for a in range(attempts)] for i, s in enumerate(scenarios)],
             max_concurrency=max_concurrency,
             max_exceptions=max_exceptions,
             desc=desc,

@@ -154,11 +154,6 @@ class RolloutConfig(BaseModel):
         "(readOnlyHint), the attempts of one collection share one server session (one process "
         "over stdio) instead of starting one each; never: a fresh session per attempt",
     )
-    first_tool: str | None = Field(
-        default=None,
-        description="the first turn must call this tool (a named tool choice); None: the model "
-        "chooses. The training loop sets it on its exploring attempts (`RunConfig.explore`)",
-    )
     look_before_answer: bool = Field(
         default=True,
         description="complete_task is not allowed before the attempt's first tool call (no "
@@ -231,13 +226,6 @@ async def rollout(
             for t in await session.list_tools()
         ]
         by_name = {t.name: t for t in mcp_tools}
-        if config.first_tool is not None:
-            if config.first_tool not in by_name:
-                raise ValueError(
-                    f"first_tool {config.first_tool!r} is not a tool of this server; its tools "
-                    f"are: {', '.join(by_name)}"
-                )
-            traj.metadata["first_tool"] = config.first_tool
         kind = answer_type(scenario) if config.typed_answer else None
         traj.tools = [*openai_tools(mcp_tools), complete_task_tool(kind)]
         traj.messages = [
@@ -354,13 +342,10 @@ async def _single_turn(model: Any, scenario: Scenario, config: RolloutConfig, cl
 
 
 def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
-    """This turn's tool_choice: complete_task alone on a forced last turn; `first_tool` alone
-    on the first; every tool but complete_task until the attempt has called one
-    (`look_before_answer`)."""
+    """This turn's tool_choice: complete_task alone on a forced last turn; every tool but
+    complete_task until the attempt has called one (`look_before_answer`)."""
     if config.force_final_answer and turn == config.max_turns - 1:
         return {"type": "function", "function": {"name": COMPLETE_TASK}}
-    if turn == 0 and config.first_tool is not None:
-        return {"type": "function", "function": {"name": config.first_tool}}
     others = [t for t in traj.tools if t["function"]["name"] != COMPLETE_TASK]
     looked = any(m["role"] == "tool" for m in traj.messages)
     if not config.look_before_answer or looked or not others or len(others) == len(traj.tools):

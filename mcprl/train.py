@@ -96,13 +96,6 @@ class RunConfig(BaseModel):
         description="draw up to this many times groups_per_step scenarios to replace groups "
         "whose rewards tie (dynamic sampling); 1 disables",
     )
-    explore: int = Field(
-        default=0,
-        ge=0,
-        description="attempts per training group whose first call is of a tool drawn from the "
-        "server's (distinct within the group): the others sample the model's own choice. "
-        "Shows the policy what the tools it rarely picks lead to; evaluations never explore",
-    )
     reward: RewardMode = "auto"
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
     judge: str | None = Field(default=None, description="LiteLLM model; None: see module doc")
@@ -144,11 +137,6 @@ class RunConfig(BaseModel):
     def _check(self) -> RunConfig:
         if self.reward == "ruler" and self.val_attempts < 2:
             raise ValueError("RULER compares attempts: val_attempts must be 2 or more")
-        if self.explore > self.rollouts_per_group:
-            raise ValueError(
-                f"explore ({self.explore}) cannot exceed rollouts_per_group "
-                f"({self.rollouts_per_group}): it counts attempts of a group"
-            )
         return self
 
 
@@ -564,11 +552,7 @@ class TrainingRun:
                 + len(drawn) * config.rollouts_per_group * SEED_STRIDE
             )
             groups = await self._collect(
-                batch,
-                config.rollouts_per_group,
-                seed,
-                f"step {step} rollouts{again}",
-                explore=config.explore,
+                batch, config.rollouts_per_group, seed, f"step {step} rollouts{again}"
             )
             t1 = time.perf_counter()
             groups = await score_groups(
@@ -589,9 +573,7 @@ class TrainingRun:
         }
         return kept + tied, counts | self.sampler.summary(), times
 
-    async def _collect(
-        self, scenarios: list[Scenario], attempts: int, seed: int, desc: str, explore: int = 0
-    ):
+    async def _collect(self, scenarios: list[Scenario], attempts: int, seed: int, desc: str):
         return await collect_groups(
             self.model,
             scenarios,
@@ -602,8 +584,6 @@ class TrainingRun:
             max_concurrency=self.config.max_concurrency,
             desc=desc,
             progress=self.progress,
-            explore=explore,
-            explore_tools=[t.name for t in self.info.tools] if explore and self.info else (),
         )
 
     async def _evaluate(self, summary: RunSummary) -> None:

@@ -227,54 +227,6 @@ async def test_a_default_run_draws_each_task_of_a_kind_before_repeating_one(tmp_
     assert sorted(drawn) == ["mixed0", "mixed1", "mixed2"]  # each group differed, none repeated
 
 
-@pytest.mark.anyio
-async def test_exploring_attempts_start_with_distinct_tools_and_evaluations_never_explore(
-    tmp_path,
-):
-    requests: list[dict] = []
-
-    def policy(body: dict) -> tuple[int, dict]:
-        """`_policy`, but a named tool choice is obeyed, as a real endpoint's grammar does."""
-        requests.append(body)
-        status, out = _policy(body)
-        named = body.get("tool_choice")
-        named = named.get("function", {}).get("name") if isinstance(named, dict) else None
-        if named and named != "complete_task":
-            function = {"name": named, "arguments": json.dumps({"a": 2, "b": 3})}
-            out["choices"][0]["message"]["tool_calls"][0]["function"] = function
-        return status, out
-
-    scenarios = ScenarioSet([_scenario(f"mixed{i}") for i in range(2)] + [_scenario("val")])
-    for s in scenarios.scenarios:
-        s.split = "val" if s.id == "val" else "train"
-    calculator = load_example("calculator").server
-    with LocalChatServer(policy) as served:
-        backend = FakeBackend(tmp_path, served.base_url)
-        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=4, explore=3,
-                           eval_every=0, reward="reference", write_report=False)  # fmt: skip
-        run = TrainingRun(config, calculator, backend, say=lambda _: None, progress=False)
-        await run.prepare(scenarios)
-        await run._step(_summary(run))
-        trained = len(requests)
-        await run._evaluate(_summary(run))
-    tools = {t.name for t in run.info.tools}
-    for group in backend.trained[0]:
-        own, *explored = group.trajectories
-        assert "first_tool" not in own.metadata  # the model's own choice
-        firsts = [t.metadata["first_tool"] for t in explored]
-        assert len(set(firsts)) == 3 and set(firsts) <= tools  # distinct tools of the server
-        for t, name in zip(explored, firsts, strict=True):
-            assert t.messages[2]["tool_calls"][0]["function"]["name"] == name
-    evaluation = requests[trained:]
-    assert evaluation and not any(
-        isinstance(r.get("tool_choice"), dict)
-        and r["tool_choice"].get("function", {}).get("name") in tools
-        for r in evaluation
-    )
-    with pytest.raises(ValueError, match="explore"):
-        RunConfig(rollouts_per_group=4, explore=5)
-
-
 def _summary(run: TrainingRun):
     from mcprl.train import RunSummary
 

@@ -323,22 +323,6 @@ async def test_the_last_turn_is_forced_to_complete_task_with_a_typed_answer(calc
     assert reference_reward(t, SCENARIO) == 1.0
 
 
-async def test_a_first_tool_is_forced_on_the_first_turn_only(calculator):
-    policy = ScriptedPolicy(
-        reply(call("add", {"a": 6, "b": 7})),
-        reply(call("complete_task", {"answer": 13.0})),
-    )
-    config = RolloutConfig(max_turns=2, first_tool="add")
-    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
-    first, last = (r["tool_choice"] for r in policy.requests)
-    assert first == {"type": "function", "function": {"name": "add"}}
-    assert last == {"type": "function", "function": {"name": "complete_task"}}
-    assert t.metadata["first_tool"] == "add" and reference_reward(t, SCENARIO) < 1.0
-    with pytest.raises(ValueError, match=r"'sqrt' is not a tool of this server.*multiply"):
-        await rollout(MODEL, SCENARIO, calculator, config.model_copy(
-            update={"first_tool": "sqrt"}), client=ScriptedPolicy())  # fmt: skip
-
-
 async def test_text_answers_and_the_switches_of_the_final_turn(calculator):
     text = Scenario(id="t", task="Who?", difficulty=1, reference=Reference(answer="Mary Shelley"))
     policy = ScriptedPolicy(reply(call("complete_task", {"answer": "It was Mary Shelley"})))
