@@ -347,6 +347,7 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         scale_rewards=args.scale_rewards,
         positive_weight=args.positive_weight,
         updates_per_step=args.updates_per_step,
+        old_logprobs=args.old_logprobs,
     )
     if args.loss:
         train |= _loss_defaults(args.loss)
@@ -633,6 +634,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         type=int,
         help="optimizer steps per training step, each on its share of the groups "
         f"(default {d.train.updates_per_step})",
+    )
+    t.add_argument(
+        "--old-logprobs",
+        choices=["trainer", "sampler"],
+        help="what the clipped ratio divides by: the trainer's own log-probabilities before "
+        "the step (the default) or the server's sampling ones",
     )
     t.add_argument(
         "--no-scale-rewards",

@@ -302,6 +302,32 @@ def test_updates_per_step_takes_one_optimizer_step_per_share_of_the_groups(base_
     assert metrics["abs_logprob_drift"] > 0  # the second update ran on a moved policy
 
 
+@pytest.mark.slow
+def test_the_ratio_divides_by_the_trainers_own_logprobs_not_the_servers(base_path):
+    """A server that rounds differently (bfloat16) reports log-probs a little off the
+    trainer's. Against the trainer's own, the update is the on-policy one; against the server's,
+    the tokens pushed past the clip range lose their gradient."""
+    grads, clipped = {}, {}
+    for case, old in (("exact", "trainer"), ("off", "trainer"), ("off-sampler", "sampler")):
+        torch.manual_seed(0)
+        trainer = LoraTrainer(base_path)
+        prompt = trainer.tokenizer.encode("Q: What is 6 times 7? A:")
+        group = _on_policy_group(trainer, prompt, [[11, 12, 13, 14], [15, 16, 17]], [1.0, 0.0])
+        if case != "exact":  # the server's numbers, 0.3 nats off on alternate tokens
+            for t in group.trajectories:
+                lp = t.choices[0].logprobs
+                t.choices[0].logprobs = [x + (0.3 if i % 2 else -0.3) for i, x in enumerate(lp)]
+        config = TrainConfig(max_grad_norm=None, learning_rate=1e-9, old_logprobs=old)
+        metrics = trainer.step([group], config)
+        state = trainer.optimizer.state
+        grads[case] = torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params])
+        clipped[case] = metrics["clip_fraction"]
+    _assert_same_gradient(grads["off"], grads["exact"])
+    assert clipped["off"] == clipped["exact"] == 0.0
+    assert clipped["off-sampler"] > 0.2  # about half the tokens sit past the clip range
+    assert (grads["off-sampler"] - grads["exact"]).norm() > 0.1 * grads["exact"].norm()
+
+
 def test_groups_are_dealt_whole_into_mini_batches():
     sequences = [Sequence([1, 2], [0, 1], [0.0, -1.0], a, group=g)
                  for g, a in ((0, 1.0), (0, -1.0), (1, 0.5), (2, 1.0), (2, -1.0))]  # fmt: skip

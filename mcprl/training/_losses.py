@@ -9,8 +9,10 @@ log-probability of token t; `mask` is 1 on trained (assistant) tokens and 0 else
   group whose rewards differ only by small partial credit up to the size of a group where one
   attempt succeeded; batch scaling keeps their ratio, so success drives the update.
   Groups whose rewards are all equal carry no signal and are skipped.
-- `PPOClip`: token-level ratio against the sampling log-probabilities, clipped at
-  [1 - eps_low, 1 + eps_high].
+- `PPOClip`: token-level ratio against the old log-probabilities, clipped at
+  [1 - eps_low, 1 + eps_high]. The old ones are the trainer's own before the step's first update
+  (`TrainConfig.old_logprobs`), so with one update a step the ratio is 1 and the loss is
+  REINFORCE with the advantages; the server's sampling log-probabilities are the other choice.
 - `GSPO`: one ratio per sequence, the geometric mean of its token ratios, clipped likewise.
 - `CISPO`: REINFORCE on the log-probabilities, weighted by the clipped ratio with its gradient
   stopped, so clipped tokens still contribute.

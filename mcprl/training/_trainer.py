@@ -118,12 +118,20 @@ class LoraTrainer:
             plan.append((norm, batches))
         done, total = 0, sum(len(batches) for _, batches in plan)
         norms = []
-        for norm, batches in plan:
+        # the ratio's denominator per micro-batch: None is the micro-batch's own forward pass
+        # (first update), a tensor the policy before the step's first update (later ones)
+        before = [[None] * len(batches) for _, batches in plan]
+        if config.old_logprobs == "trainer" and len(plan) > 1:
+            before = [self._logprobs_before(batches) for _, batches in plan]
+            before[0] = [None] * len(plan[0][1])
+        for (norm, batches), olds in zip(plan, before, strict=True):
             self.optimizer.zero_grad(set_to_none=True)
             shared = self._prefix_pass(batches)
             ref_kv = self._reference_prefix(batches) if config.beta > 0 else None
-            for batch in batches:
-                parts = self._micro_step(batch, loss_fn, norm, config.beta, shared, ref_kv)
+            for batch, own in zip(batches, olds, strict=True):
+                if config.old_logprobs == "sampler":
+                    own = batch.old_logprobs
+                parts = self._micro_step(batch, loss_fn, norm, config.beta, shared, ref_kv, own)
                 for k, v in parts.items():
                     totals[k] += v / (len(plan) if k in ("loss", "kl") else 1)
                 done += 1
@@ -163,6 +171,22 @@ class LoraTrainer:
         body = self.model.get_base_model().model
         return _PrefixPass(body, prefix.to(self.device))
 
+    def _logprobs_before(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
+        """Each micro-batch's log-probabilities under the policy as it is, without gradients."""
+        out = []
+        with torch.no_grad():
+            for batch in batches:
+                prefix = batch.prefix.to(self.device) if batch.prefix is not None else None
+                out.append(
+                    self.token_logprobs(
+                        batch.input_ids.to(self.device),
+                        batch.attention_mask.to(self.device),
+                        batch.loss_mask.to(self.device),
+                        prefix=prefix,
+                    )
+                )
+        return out
+
     def _reference_prefix(
         self, batches: list[MicroBatch]
     ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
@@ -182,16 +206,20 @@ class LoraTrainer:
         beta: float,
         shared: _PrefixPass | None = None,
         ref_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        old: torch.Tensor | None = None,
     ) -> dict:
+        """One micro-batch's loss, backward. `old`: the ratio's denominator (None: this pass's
+        own log-probabilities, so the ratio is 1 and only its gradient counts)."""
         ids = batch.input_ids.to(self.device)
         attention = batch.attention_mask.to(self.device)
         mask = batch.loss_mask.to(self.device)
-        old = batch.old_logprobs.to(self.device)
+        sampled = batch.old_logprobs.to(self.device)
         adv = batch.advantages.to(self.device)
         prefix = batch.prefix.to(self.device) if batch.prefix is not None else None
         new = self.token_logprobs(
             ids, attention, mask, prefix=prefix, prefix_kv=shared.kv if shared else None
         )
+        old = new.detach() if old is None else old.to(self.device)
         per_token, clipped = loss_fn.per_token(new, old, adv, mask)
         loss = norm(per_token, mask)
         kl_value = 0.0
@@ -206,7 +234,8 @@ class LoraTrainer:
             "loss": float(loss.detach()),
             "kl": kl_value,
             "clipped": float((clipped * mask).sum()),
-            "abs_logprob_drift": float(((new.detach() - old).abs() * mask).sum()),
+            # how far the trainer is from what the server sampled with
+            "abs_logprob_drift": float(((new.detach() - sampled).abs() * mask).sum()),
         }
 
     def token_logprobs(
