@@ -348,6 +348,7 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         positive_weight=args.positive_weight,
         updates_per_step=args.updates_per_step,
         old_logprobs=args.old_logprobs,
+        informative=args.informative,
     )
     if args.loss:
         train |= _loss_defaults(args.loss)
@@ -640,6 +641,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         choices=["trainer", "sampler"],
         help="what the clipped ratio divides by: the trainer's own log-probabilities before "
         "the step (the default) or the server's sampling ones",
+    )
+    t.add_argument(
+        "--informative",
+        choices=["reward", "success"],
+        help="which groups a step trains on and redraws for: those whose rewards differ, or "
+        "those where some attempts succeeded and some failed (scenarios with a reference "
+        f"answer; DAPO's filter) (default {d.train.informative})",
     )
     t.add_argument(
         "--no-scale-rewards",

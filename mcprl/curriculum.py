@@ -29,6 +29,9 @@ replays the same history draws the same scenarios.
 
 The training loop uses it with *dynamic sampling* (DAPO): when a drawn group ties, it draws
 another scenario, within `oversample` times the groups a step asks for (see `mcprl.train`).
+With `informative="success"` (`TrainConfig.informative`), a group counts only when some of its
+attempts succeeded and some failed: a scenario the policy never solves then stops being drawn,
+however its attempts differ in partial credit, and such a group is redrawn and not trained.
 
     sampler = ScenarioSampler(scenarios.train, seed=0)
     sampler.observe(groups)                       # every scored training group, every step
@@ -46,9 +49,17 @@ from typing import Literal, get_args
 from mcprl.scenarios import Scenario
 from mcprl.types import TrajectoryGroup
 
-__all__ = ["Sampling", "ScenarioSampler", "ScenarioStats", "is_informative", "task_kind"]
+__all__ = [
+    "Informative",
+    "Sampling",
+    "ScenarioSampler",
+    "ScenarioStats",
+    "is_informative",
+    "task_kind",
+]
 
 Sampling = Literal["fresh", "curriculum", "uniform"]
+Informative = Literal["reward", "success"]
 
 # prior chance that a group at each difficulty differs: start easy
 _PRIOR = {1: 0.8, 2: 0.6, 3: 0.4, 4: 0.3, 5: 0.2}
@@ -63,10 +74,24 @@ def task_kind(scenario: Scenario) -> tuple[str, ...]:
     return tuple(c.tool for c in ref.calls)
 
 
-def is_informative(group: TrajectoryGroup) -> bool:
-    """Its rewards are not all equal (GRPO has something to learn from it)."""
-    rewards = [t.reward for t in group.trajectories if t.reward is not None]
-    return len(rewards) >= 2 and max(rewards) - min(rewards) > 1e-9
+def is_informative(group: TrajectoryGroup, by: Informative = "reward") -> bool:
+    """GRPO has something to learn from the group.
+
+    `by="reward"`: its rewards are not all equal. `by="success"`: some of its attempts succeeded
+    and some did not (DAPO's filter on accuracy), so a group that differs only by partial credit
+    teaches nothing; where the attempts carry no success mark (`metrics["success"]`, set for
+    scenarios with a reference answer), the rewards decide as with `"reward"`.
+    """
+    scored = [t for t in group.trajectories if t.reward is not None]
+    rewards = [t.reward for t in scored]
+    if len(rewards) < 2 or max(rewards) - min(rewards) <= 1e-9:
+        return False
+    if by == "reward":
+        return True
+    marks = [t.metrics.get("success") for t in scored]
+    if any(m is None for m in marks):
+        return True
+    return 0 < sum(m >= 1.0 for m in marks) < len(marks)
 
 
 @dataclass
@@ -93,6 +118,7 @@ class ScenarioSampler:
         seed: int = 0,
         min_weight: float = 0.05,
         mode: Sampling = "fresh",
+        informative: Informative = "reward",
     ) -> None:
         self.scenarios = list(scenarios)
         if not self.scenarios:
@@ -103,6 +129,7 @@ class ScenarioSampler:
         self.seed = seed
         self.min_weight = min_weight
         self.mode = mode
+        self.informative = informative
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
         self._kind = {s.id: task_kind(s) for s in self.scenarios}
         self._by_kind = {kind: ScenarioStats() for kind in self._kind.values()}
@@ -114,7 +141,7 @@ class ScenarioSampler:
             if stats is None or not g.trajectories:
                 continue
             kind = self._by_kind[self._kind[g.scenario_id or ""]]
-            informative = is_informative(g)
+            informative = is_informative(g, self.informative)
             solved = sum(t.metrics.get("success", 0.0) >= 1.0 for t in g.trajectories)
             for s in (stats, kind):
                 s.groups += 1

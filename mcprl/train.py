@@ -16,7 +16,8 @@ then repeats, up to `steps`:
    the easy end first);
 2. judging: rewards from RULER, the scenarios' references, or both. A group whose rewards tie
    teaches nothing: another scenario is drawn in its place (dynamic sampling), until the step
-   has `groups_per_step` informative groups or has drawn `oversample` times that many;
+   has `groups_per_step` informative groups or has drawn `oversample` times that many (with
+   `TrainConfig.informative="success"`, a group with no success, or no failure, counts as tied);
 3. training: one GRPO step on the LoRA, checkpointed and served as `name@step`;
 
 and evaluates the val split before the first step (the baseline), every `eval_every` steps and
@@ -465,6 +466,7 @@ class TrainingRun:
             self.scenarios.train,
             seed=self.config.seed,
             mode=self.config.sampling,
+            informative=self.config.train.informative,
         )
         for _, groups in sorted((await self.backend.trajectories(self.model, "train")).items()):
             sampler.observe(groups)
@@ -564,7 +566,7 @@ class TrainingRun:
             mark_success(groups, self.by_id)  # the sampler counts successes per scenario
             self.sampler.observe(groups)
             for g in groups:
-                (kept if is_informative(g) else tied).append(g)
+                (kept if is_informative(g, config.train.informative) else tied).append(g)
         counts = {
             "groups_dropped": float(len(self._dropped)),
             "groups_drawn": float(len(drawn)),

@@ -40,6 +40,43 @@ def test_a_group_is_informative_only_when_its_rewards_differ():
     assert not is_informative(_group("a", [1.0]))
 
 
+def _partial(sid: str, rewards: list[float], solved: int = 0) -> TrajectoryGroup:
+    """A group whose first `solved` attempts succeeded; the others earned partial credit."""
+    return TrajectoryGroup(
+        scenario_id=sid,
+        trajectories=[
+            Trajectory(reward=1.0 if i < solved else r, metrics={"success": float(i < solved)})
+            for i, r in enumerate(rewards)
+        ],
+    )
+
+
+def test_by_success_a_group_needs_a_success_and_a_failure():
+    partial_only = _partial("a", [0.25, 0.1, 0.0])  # right tool, wrong numbers; nothing solved
+    assert is_informative(partial_only)
+    assert not is_informative(partial_only, by="success")
+    assert is_informative(_partial("a", [0.0, 0.25, 0.0], solved=1), by="success")
+    assert not is_informative(_partial("a", [0.0, 0.0], solved=2), by="success")
+    unmarked = TrajectoryGroup(trajectories=[Trajectory(reward=0.4), Trajectory(reward=0.6)])
+    assert is_informative(unmarked, by="success")  # no reference answer: the rewards decide
+    assert not is_informative(_group("a", [0.3, 0.3]), by="success")
+
+
+def test_by_success_a_kind_never_solved_stops_being_drawn_whatever_its_partial_credit():
+    adds = [_kinded(f"add{i}", "add") for i in range(4)]
+    chains = [_kinded(f"chain{i}", "multiply") for i in range(4)]  # never solved
+    samplers = {by: ScenarioSampler(adds + chains, seed=0, informative=by)
+                for by in ("reward", "success")}  # fmt: skip
+    for sampler in samplers.values():
+        for i in range(4):
+            sampler.observe([_partial(f"add{i}", [0.0] * 4, solved=2)])
+            sampler.observe([_partial(f"chain{i}", [0.25, 0.1, 0.0, 0.0])] * 2)
+    by_reward, by_success = samplers["reward"], samplers["success"]
+    assert by_reward.weight(chains[0]) > 0.8  # it "differs" every time
+    assert by_success.weight(chains[0]) < 0.2  # only the prior is left of it
+    assert by_success.weight(adds[0]) > 0.8
+
+
 def test_the_sampler_starts_easy_and_leaves_scenarios_that_stopped_teaching():
     scenarios = [_scenario(f"e{i}", 1) for i in range(4)] + [
         _scenario(f"h{i}", 5) for i in range(4)
@@ -178,6 +215,40 @@ async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path)
     # every `tie` scenario drawn is counted as never solved, and no `mixed` one is
     assert row["train/scenarios_never_solved"] == len(groups) - 2
     assert run_summary.steps_without_update == 0
+
+
+def _partial_credit(group: TrajectoryGroup) -> list[float]:
+    """1 for the right answer (5); otherwise partial credit that differs within the group."""
+    return [
+        1.0 if '"answer": 5' in json.dumps(t.messages) else 0.1 * (i + 1)
+        for i, t in enumerate(group.trajectories)
+    ]
+
+
+@pytest.mark.anyio
+async def test_by_success_groups_with_no_success_are_redrawn_and_not_trained(tmp_path):
+    tie = [_scenario(f"tie{i}") for i in range(6)]
+    mixed = [_scenario(f"mixed{i}") for i in range(2)]
+    scenarios = ScenarioSet([*tie, *mixed, _scenario("val")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "val" else "train"
+    calculator = load_example("calculator").server
+    with LocalChatServer(_policy) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
+                           eval_every=0, write_report=False)  # fmt: skip
+        config.train.informative = "success"
+        run = TrainingRun(config, calculator, backend, reward=_partial_credit,
+                          say=lambda _: None, progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        await run._step(_summary(run))
+    (groups,) = backend.trained
+    assert sorted(g.scenario_id for g in groups if is_informative(g, "success")) == [
+        "mixed0",
+        "mixed1",
+    ]
+    assert backend.rows[0]["train/groups_trained"] == 2
+    assert backend.rows[0]["train/groups_tied"] == len(groups) - 2
 
 
 @pytest.mark.anyio

@@ -190,6 +190,26 @@ def test_equal_rewards_failed_and_untrainable_attempts_are_left_out():
     assert stats.trajectories_dropped == 2 and len(sequences) == 2
 
 
+def test_by_success_a_group_of_partial_credit_alone_is_not_trained_nor_scales_the_batch():
+    def group(rewards, successes):
+        return TrajectoryGroup(
+            trajectories=[
+                Trajectory(reward=r, choices=[choice([1], [2 + i])], metrics={"success": s})
+                for i, (r, s) in enumerate(zip(rewards, successes, strict=True))
+            ]
+        )
+
+    solved = group([1.0, 0.0], [1.0, 0.0])
+    partial = group([0.25, 0.0], [0.0, 0.0])
+    by_reward, stats = build_sequences([solved, partial], scale_rewards="batch")
+    assert len(by_reward) == 4 and stats.groups_skipped == 0
+    by_success, stats = build_sequences([solved, partial], "batch", informative="success")
+    alone, _ = build_sequences([solved], scale_rewards="batch")
+    assert stats.groups_skipped == 1 and stats.trajectories_dropped == 0
+    assert [s.advantage for s in by_success] == [s.advantage for s in alone]
+    assert stats.rewards == [1.0, 0.0, 0.25, 0.0]  # still reported
+
+
 def test_positive_weight_shrinks_only_the_attempts_that_beat_their_group():
     rewards = [1.0, 0.5, 0.0, 0.0]
     group = TrajectoryGroup(

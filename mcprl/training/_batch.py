@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mcprl.curriculum import Informative, is_informative
 from mcprl.training._config import ScaleRewards
 from mcprl.training._losses import batch_advantages
 from mcprl.types import Choice, Trajectory, TrajectoryGroup
@@ -94,17 +95,22 @@ def build_sequences(
     groups: list[TrajectoryGroup],
     scale_rewards: ScaleRewards = "group",
     positive_weight: float = 1.0,
+    informative: Informative = "reward",
 ) -> tuple[list[Sequence], BatchStats]:
     """Training sequences for every group with signal, and what was left out.
 
-    Positive advantages are multiplied by `positive_weight` (after scaling)."""
+    Positive advantages are multiplied by `positive_weight` (after scaling). A group that is
+    not informative by `informative` (see `mcprl.curriculum.is_informative`) is skipped, and
+    its rewards take no part in a batch's scale."""
     stats = BatchStats()
     sequences: list[Sequence] = []
     usable_of = [
         [t for t in group.trajectories if t.trainable and t.reward is not None] for group in groups
     ]
+    signal = [is_informative(group, informative) for group in groups]
     all_advantages = batch_advantages(
-        [[t.reward for t in usable] for usable in usable_of], scale=scale_rewards
+        [[t.reward for t in u] if s else [] for u, s in zip(usable_of, signal, strict=True)],
+        scale=scale_rewards,
     )
     for group, usable, advantages in zip(groups, usable_of, all_advantages, strict=True):
         stats.groups += 1

@@ -54,6 +54,13 @@ class TrainConfig(BaseModel):
         "sampled with (`sampler`). They differ by the two programs' rounding: in bfloat16 by "
         "0.03-0.06 nats a token, which clipped 1-8% of the trained tokens (RESULTS.md)",
     )
+    informative: Literal["reward", "success"] = Field(
+        default="reward",
+        description="which groups are trained: those whose rewards differ (`reward`), or only "
+        "those where some attempts succeeded and some failed (`success`, DAPO's filter; groups "
+        "of scenarios without a reference answer fall back to `reward`). The training loop "
+        "draws and redraws scenarios by the same rule",
+    )
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     updates_per_step: int = Field(
         default=1,

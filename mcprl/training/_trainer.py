@@ -94,7 +94,10 @@ class LoraTrainer:
         """One GRPO update from `groups`; `on_progress(done, total)` after each micro-batch."""
         started = time.perf_counter()
         sequences, stats = build_sequences(
-            groups, scale_rewards=config.scale_rewards, positive_weight=config.positive_weight
+            groups,
+            scale_rewards=config.scale_rewards,
+            positive_weight=config.positive_weight,
+            informative=config.informative,
         )
         metrics = _reward_metrics(stats)
         if not sequences:
