@@ -189,8 +189,8 @@ def _policy(body: dict) -> tuple[int, dict]:
                  "choices": [choice]}  # fmt: skip
 
 
-@pytest.mark.anyio
-async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path):
+async def _step_of_ties_and_mixed(tmp_path, reward=None, informative="reward"):
+    """One training step over 6 scenarios the policy fails and 2 it solves half the time."""
     tie = [_scenario(f"tie{i}") for i in range(6)]
     mixed = [_scenario(f"mixed{i}") for i in range(2)]
     scenarios = ScenarioSet([*tie, *mixed, _scenario("val")])
@@ -201,9 +201,17 @@ async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path)
         backend = FakeBackend(tmp_path, policy.base_url)
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
-        run = TrainingRun(config, calculator, backend, say=lambda _: None, progress=False)
+        config.train.informative = informative
+        run = TrainingRun(config, calculator, backend, reward=reward, say=lambda _: None,
+                          progress=False)  # fmt: skip
         await run.prepare(scenarios)
-        await run._step(run_summary := _summary(run))
+        await run._step(summary := _summary(run))
+    return backend, summary
+
+
+@pytest.mark.anyio
+async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path):
+    backend, run_summary = await _step_of_ties_and_mixed(tmp_path)
     (groups,) = backend.trained
     informative = [g for g in groups if is_informative(g)]
     # both `mixed` scenarios were found and trained, however many ties were drawn first
@@ -227,22 +235,9 @@ def _partial_credit(group: TrajectoryGroup) -> list[float]:
 
 @pytest.mark.anyio
 async def test_by_success_groups_with_no_success_are_redrawn_and_not_trained(tmp_path):
-    tie = [_scenario(f"tie{i}") for i in range(6)]
-    mixed = [_scenario(f"mixed{i}") for i in range(2)]
-    scenarios = ScenarioSet([*tie, *mixed, _scenario("val")])
-    for s in scenarios.scenarios:
-        s.split = "val" if s.id == "val" else "train"
-    calculator = load_example("calculator").server
-    with LocalChatServer(_policy) as policy:
-        backend = FakeBackend(tmp_path, policy.base_url)
-        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
-                           eval_every=0, write_report=False)  # fmt: skip
-        config.train.informative = "success"
-        run = TrainingRun(config, calculator, backend, reward=_partial_credit,
-                          say=lambda _: None, progress=False)  # fmt: skip
-        await run.prepare(scenarios)
-        await run._step(_summary(run))
+    backend, _ = await _step_of_ties_and_mixed(tmp_path, _partial_credit, "success")
     (groups,) = backend.trained
+    assert all(is_informative(g) for g in groups)  # every group differs by partial credit
     assert sorted(g.scenario_id for g in groups if is_informative(g, "success")) == [
         "mixed0",
         "mixed1",
