@@ -515,7 +515,11 @@ class TrainingRun:
             + f"{counts['groups_drawn']:.0f} drawn ({counts['groups_tied']:.0f} tied"
             + (f", {dropped} lost to the judge" if dropped else "")
             + ")"
-            + ("; no update: no group had differing rewards" if m.get("skipped_update") else "")
+            + (
+                f"; no update: {_NO_SIGNAL[config.train.informative]}"
+                if m.get("skipped_update")
+                else ""
+            )
             + f" | rollouts {times['rollout']:.0f} s, judge {times['judge']:.0f} s, "
             f"train {times['train']:.0f} s"
         )
@@ -646,6 +650,12 @@ def _fill_baseline(summary: RunSummary, rows: list[dict[str, Any]]) -> None:
 
 def _ids(scenarios: ScenarioSet) -> set[str]:
     return {s.id for s in scenarios}
+
+
+_NO_SIGNAL = {
+    "reward": "no group had differing rewards",
+    "success": "no group had both a success and a failure",
+}
 
 
 def _alike_warning(groups: list[TrajectoryGroup], reward: str) -> str | None:

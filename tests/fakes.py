@@ -61,7 +61,8 @@ class FakeBackend(StoredRuns):
         self.trained.append(groups)
         self.configs.append(config)
         self.rows.append(metrics or {})
-        skipped = not any(is_informative(g) for g in groups)
+        by = config.informative if config is not None else "reward"
+        skipped = not any(is_informative(g, by) for g in groups)
         result = {"reward_mean": 0.0, "skipped_update": float(skipped)}
         if on_progress is not None:
             on_progress(1, 1)

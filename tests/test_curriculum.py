@@ -237,6 +237,7 @@ def _partial_credit(group: TrajectoryGroup) -> list[float]:
 async def test_by_success_groups_with_no_success_are_redrawn_and_not_trained(tmp_path):
     backend, _ = await _step_of_ties_and_mixed(tmp_path, _partial_credit, "success")
     (groups,) = backend.trained
+    assert backend.configs[0].informative == "success"  # the trainer skips them too
     assert all(is_informative(g) for g in groups)  # every group differs by partial credit
     assert sorted(g.scenario_id for g in groups if is_informative(g, "success")) == [
         "mixed0",
@@ -266,6 +267,26 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
     assert summary.steps_without_update == 1
     assert "; no update: no group had differing rewards" in said[-2]
     assert said[-1].startswith("  warning: every attempt of this step scored")
+
+
+@pytest.mark.anyio
+async def test_by_success_a_step_of_partial_credit_alone_says_it_made_no_update(tmp_path):
+    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(4)] + [_scenario("tv")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "tv" else "train"
+    said: list[str] = []
+    with LocalChatServer(_policy) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, eval_every=0,
+                           write_report=False)  # fmt: skip
+        config.train.informative = "success"
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          reward=_partial_credit, say=said.append, progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        await run._step(summary := _summary(run))
+    assert backend.rows[0]["train/groups_trained"] == 0
+    assert summary.steps_without_update == 1
+    assert "; no update: no group had both a success and a failure" in said[-1]
 
 
 @pytest.mark.anyio
