@@ -514,8 +514,8 @@ def print_summary(summary: Any, again: str) -> None:
         print(
             f"  {updated} of {done} step{'' if done == 1 else 's'} updated the model"
             + (
-                f"; in {summary.steps_without_update} every group's rewards tied, so nothing "
-                "was learned from them"
+                f"; in {summary.steps_without_update} every group tied, so nothing was learned "
+                "from them"
                 if summary.steps_without_update
                 else ""
             )

@@ -71,9 +71,10 @@ def _updates(rows: list[dict[str, Any]]) -> str:
     if steps:
         listed = html.escape(", ".join(map(str, steps)))
         text += (
-            f" No update at step{'s' if len(steps) > 1 else ''} {listed}: every group's "
-            "rewards tied, so there was nothing to learn from (the adapter did not change; "
-            "marked ✕ on the training reward plot)."
+            f" No update at step{'s' if len(steps) > 1 else ''} {listed}: every group tied "
+            "(equal rewards or, with <code>informative: success</code>, no success beside a "
+            "failure), so there was nothing to learn from (the adapter did not change; marked ✕ "
+            "on the training reward plot)."
         )
     return text + "</p>"
 

@@ -206,7 +206,7 @@ def test_the_summary_says_how_many_steps_updated_the_model(capsys):
                          steps_without_update=1)  # fmt: skip
     print_summary(summary, "mcprl train example:calculator")
     out = capsys.readouterr().out
-    assert "2 of 3 steps updated the model; in 1 every group's rewards tied" in out
+    assert "2 of 3 steps updated the model; in 1 every group tied" in out
 
 
 @pytest.mark.anyio
