@@ -646,8 +646,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "--informative",
         choices=["reward", "success"],
         help="which groups a step trains on and redraws for: those whose rewards differ, or "
-        "those where some attempts succeeded and some failed (scenarios with a reference "
-        f"answer; DAPO's filter) (default {d.train.informative})",
+        "those where some attempts succeeded and some failed (DAPO's filter; with a reward "
+        "that checks the scenarios' reference answers, else the rewards decide) "
+        f"(default {d.train.informative})",
     )
     t.add_argument(
         "--no-scale-rewards",

@@ -189,21 +189,20 @@ def _policy(body: dict) -> tuple[int, dict]:
                  "choices": [choice]}  # fmt: skip
 
 
-async def _step_of_ties_and_mixed(tmp_path, reward=None, informative="reward"):
-    """One training step over 6 scenarios the policy fails and 2 it solves half the time."""
-    tie = [_scenario(f"tie{i}") for i in range(6)]
-    mixed = [_scenario(f"mixed{i}") for i in range(2)]
-    scenarios = ScenarioSet([*tie, *mixed, _scenario("val")])
+async def _step_of_ties_and_mixed(tmp_path, policy=_policy, informative="reward", mixed=2,
+                                  make=_scenario, say=lambda _: None):  # fmt: skip
+    """One training step over 6 scenarios the policy fails and `mixed` it solves half the time."""
+    tie = [make(f"tie{i}") for i in range(6)]
+    scenarios = ScenarioSet([*tie, *[make(f"mixed{i}") for i in range(mixed)], make("val")])
     for s in scenarios.scenarios:
         s.split = "val" if s.id == "val" else "train"
     calculator = load_example("calculator").server
-    with LocalChatServer(_policy) as policy:
-        backend = FakeBackend(tmp_path, policy.base_url)
+    with LocalChatServer(policy) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
         config.train.informative = informative
-        run = TrainingRun(config, calculator, backend, reward=reward, say=lambda _: None,
-                          progress=False)  # fmt: skip
+        run = TrainingRun(config, calculator, backend, say=say, progress=False)
         await run.prepare(scenarios)
         await run._step(summary := _summary(run))
     return backend, summary
@@ -225,17 +224,31 @@ async def test_tied_groups_are_replaced_within_the_oversampling_budget(tmp_path)
     assert run_summary.steps_without_update == 0
 
 
-def _partial_credit(group: TrajectoryGroup) -> list[float]:
-    """1 for the right answer (5); otherwise partial credit that differs within the group."""
-    return [
-        1.0 if '"answer": 5' in json.dumps(t.messages) else 0.1 * (i + 1)
-        for i, t in enumerate(group.trajectories)
-    ]
+def _with_call(sid: str) -> Scenario:
+    """Add 2 and 3, with the reference call: an attempt that makes it earns partial credit."""
+    call = ReferenceCall(tool="add", arguments={"a": 2, "b": 3})
+    return Scenario(id=sid, task=f"Task {sid}: add 2 and 3.", difficulty=1,
+                    reference=Reference(answer="5", calls=[call]))  # fmt: skip
+
+
+def _caller(body: dict) -> tuple[int, dict]:
+    """Calls `add(2, 3)` on odd seeds and `multiply(2, 3)` on even ones, then answers: the
+    result on `mixed` tasks (right after `add`), 7 on `tie` tasks (never right, but the `add`
+    callers earn the reference call's credit)."""
+    status, reply = _policy(body)
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+    if not results:
+        call["name"] = "add" if body.get("seed", 0) // 1000 % 2 else "multiply"
+        call["arguments"] = json.dumps({"a": 2, "b": 3})
+    elif "mixed" in body["messages"][1]["content"]:
+        call["arguments"] = json.dumps({"answer": json.loads(results[-1])["result"]})
+    return status, reply
 
 
 @pytest.mark.anyio
 async def test_by_success_groups_with_no_success_are_redrawn_and_not_trained(tmp_path):
-    backend, _ = await _step_of_ties_and_mixed(tmp_path, _partial_credit, "success")
+    backend, _ = await _step_of_ties_and_mixed(tmp_path, _caller, "success", make=_with_call)
     (groups,) = backend.trained
     assert backend.configs[0].informative == "success"  # the trainer skips them too
     assert all(is_informative(g) for g in groups)  # every group differs by partial credit
@@ -245,6 +258,18 @@ async def test_by_success_groups_with_no_success_are_redrawn_and_not_trained(tmp
     ]
     assert backend.rows[0]["train/groups_trained"] == 2
     assert backend.rows[0]["train/groups_tied"] == len(groups) - 2
+
+
+@pytest.mark.anyio
+async def test_by_success_a_step_of_partial_credit_alone_says_it_made_no_update(tmp_path):
+    said: list[str] = []
+    backend, summary = await _step_of_ties_and_mixed(
+        tmp_path, _caller, "success", mixed=0, make=_with_call, say=said.append
+    )
+    assert all(is_informative(g) for g in backend.trained[0])
+    assert backend.rows[0]["train/groups_trained"] == 0
+    assert summary.steps_without_update == 1
+    assert "; no update: no group had both a success and a failure" in said[-1]
 
 
 @pytest.mark.anyio
@@ -258,6 +283,7 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
         backend = FakeBackend(tmp_path, policy.base_url)
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1.5,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
+        config.train.informative = "reward"
         run = TrainingRun(config, calculator, backend, say=said.append, progress=False)
         await run.prepare(scenarios)
         summary = _summary(run)
@@ -267,26 +293,6 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
     assert summary.steps_without_update == 1
     assert "; no update: no group had differing rewards" in said[-2]
     assert said[-1].startswith("  warning: every attempt of this step scored")
-
-
-@pytest.mark.anyio
-async def test_by_success_a_step_of_partial_credit_alone_says_it_made_no_update(tmp_path):
-    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(4)] + [_scenario("tv")])
-    for s in scenarios.scenarios:
-        s.split = "val" if s.id == "tv" else "train"
-    said: list[str] = []
-    with LocalChatServer(_policy) as policy:
-        backend = FakeBackend(tmp_path, policy.base_url)
-        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, eval_every=0,
-                           write_report=False)  # fmt: skip
-        config.train.informative = "success"
-        run = TrainingRun(config, load_example("calculator").server, backend,
-                          reward=_partial_credit, say=said.append, progress=False)  # fmt: skip
-        await run.prepare(scenarios)
-        await run._step(summary := _summary(run))
-    assert backend.rows[0]["train/groups_trained"] == 0
-    assert summary.steps_without_update == 1
-    assert "; no update: no group had both a success and a failure" in said[-1]
 
 
 @pytest.mark.anyio
@@ -341,6 +347,7 @@ async def test_a_run_trains_on_a_reward_function_of_the_users(tmp_path):
         await run.prepare(scenarios)
         await run._step(_summary(run))
         assert run.reward == "custom" and "  reward: custom" in said
+        assert run.informative == "reward"  # success decides only with a reference reward
         (groups,) = backend.trained  # every group differs now: both trained
         assert [sorted(g.rewards) for g in groups] == [[0.0, 1.0], [0.0, 1.0]]
 

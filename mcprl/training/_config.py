@@ -59,7 +59,9 @@ class TrainConfig(BaseModel):
         description="which groups are trained: those whose rewards differ (`reward`), or only "
         "those where some attempts succeeded and some failed (`success`, DAPO's filter; groups "
         "of scenarios without a reference answer fall back to `reward`). The training loop "
-        "draws and redraws scenarios by the same rule",
+        "draws and redraws scenarios by the same rule; `mcprl train` defaults to `success` "
+        "where its reward checks references (`reference`, `both`; benchmarks/RESULTS.md, "
+        "L42-L45), the library to `reward`, as ART does",
     )
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     updates_per_step: int = Field(
