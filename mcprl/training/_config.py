@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mcprl.curriculum import Informative
+
 __all__ = ["LoraConfig", "ScaleRewards", "TrainConfig"]
 
 ScaleRewards = Literal["group", "batch", "none"]
@@ -52,9 +54,9 @@ class TrainConfig(BaseModel):
         "before this step's first update (`trainer`, as TRL and verl do: with one update per "
         "step the ratio is exactly 1, so only later mini-batches clip), or the ones the server "
         "sampled with (`sampler`). They differ by the two programs' rounding: in bfloat16 by "
-        "0.03-0.06 nats a token, which clipped 1-8% of the trained tokens (RESULTS.md)",
+        "0.02-0.06 nats a token, which clipped 1-8% of the trained tokens (RESULTS.md, L42)",
     )
-    informative: Literal["reward", "success"] = Field(
+    informative: Informative = Field(
         default="reward",
         description="which groups are trained: those whose rewards differ (`reward`), or only "
         "those where some attempts succeeded and some failed (`success`, DAPO's filter; groups "
