@@ -107,7 +107,7 @@ def test_draws_are_distinct_seeded_and_exclude_what_was_drawn():
         ScenarioSampler(uniform.scenarios, mode="random")
 
 
-def test_a_step_draws_different_kinds_of_task_before_repeating_one():
+def test_a_step_draws_kinds_of_task_by_weight_and_seldom_repeats_one():
     def kind(sid: str, *tools: str) -> Scenario:
         calls = [ReferenceCall(tool=t, arguments={}) for t in tools]
         return Scenario(
@@ -117,14 +117,29 @@ def test_a_step_draws_different_kinds_of_task_before_repeating_one():
     adds = [kind(f"add{i}", "add") for i in range(8)]
     others = [kind("mul", "multiply"), kind("avg", "add", "add", "divide")]
     sampler = ScenarioSampler(adds + others, seed=0, mode="curriculum")
-    for step in range(1, 21):
-        drawn = sampler.draw(3, step=step)
-        assert sum(s.id.startswith("add") for s in drawn) == 1  # 8 of 10 are adds, yet one
-        again = sampler.draw(2, step=step, round_index=1, exclude=[s.id for s in drawn])
-        assert [s.id.startswith("add") for s in again] == [True, True]  # only adds are left
+    steps = [sampler.draw(3, step=step) for step in range(1, 201)]
+    per_step = [sum(s.id.startswith("add") for s in drawn) for drawn in steps]
+    # 8 of 10 scenarios are adds; drawn as scenarios, 2.4 a step would be
+    assert sum(per_step) / len(per_step) < 1.3
+    assert per_step.count(3) < 10
+    again = sampler.draw(2, step=1, round_index=1, exclude=["mul", "avg", "add0"])
+    assert [s.id.startswith("add") for s in again] == [True, True]  # only adds are left
     sampler = ScenarioSampler([*adds, others[0]], seed=0, mode="curriculum")
-    redraw = sampler.draw(1, step=1, round_index=1, exclude=["add0"])  # an add tied this step
-    assert redraw[0].id == "mul"
+    redraws = [sampler.draw(1, step=step, round_index=1, exclude=["add0"])[0].id
+               for step in range(1, 101)]  # fmt: skip
+    assert redraws.count("mul") > 70  # an add tied this step: another kind first
+
+
+def test_a_step_does_not_spend_its_draws_on_kinds_that_stopped_teaching():
+    subs = [_kinded(f"sub{i}", "subtract") for i in range(6)]
+    dead = [_kinded(f"chain{i}", f"tool{i}", difficulty=3) for i in range(4)]  # never solved
+    sampler = ScenarioSampler(subs + dead, seed=0, informative="success")
+    for _ in range(10):
+        sampler.observe([_group(s.id, [0.0] * 4) for s in dead])
+    per_step = [sum(s.id.startswith("sub") for s in sampler.draw(4, step=step))
+                for step in range(1, 101)]  # fmt: skip
+    # one draw per kind first would take one subtraction and three dead kinds every step
+    assert sum(per_step) / len(per_step) > 1.8
 
 
 def _kinded(sid: str, tool: str, difficulty: int = 1) -> Scenario:
