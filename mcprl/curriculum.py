@@ -9,6 +9,12 @@ estimated chance that their next group differs:
 
 a Beta posterior mean whose prior falls with difficulty (0.8 for difficulty 1 down to 0.2 for
 difficulty 5), so a run starts from the easy end and moves on as the easy tasks stop teaching.
+The policy changes every step, so the counts are of recent groups: each new group of a scenario
+(or kind) multiplies the weight of its earlier groups, and of the prior, by `decay` (1/2), and
+the estimate follows what the policy does now. (With plain counts, until L51, a kind that
+taught at its first three or four groups and was solved by every attempt after kept a weight
+near 1/2 for the rest of the run: in a seed-0 calculator run, the divisions were drawn and tied
+at each of the last seven steps.)
 A floor (`min_weight`) keeps every scenario drawable, so one that stopped teaching can come back.
 A step draws *kinds* of task (the tools a reference calls, in order) one at a time, each with
 chance in proportion to its weight, and a kind the step drew already counts `repeat_kind` (1/4)
@@ -102,12 +108,18 @@ def is_informative(group: TrajectoryGroup, by: Informative = "reward") -> bool:
 
 @dataclass
 class ScenarioStats:
-    """What the training groups of one scenario did so far."""
+    """What the training groups of one scenario (or kind) did so far.
+
+    `recent_groups` and `recent_informative` count the same groups with the older ones
+    discounted (`ScenarioSampler(decay=...)`), for the estimate that draws.
+    """
 
     groups: int = 0
     informative: int = 0
     attempts: int = 0
     successes: int = 0
+    recent_groups: float = 0.0
+    recent_informative: float = 0.0
 
     @property
     def success_rate(self) -> float:
@@ -126,6 +138,7 @@ class ScenarioSampler:
         mode: Sampling = "fresh",
         informative: Informative = "reward",
         repeat_kind: float = 0.25,
+        decay: float = 0.5,
     ) -> None:
         self.scenarios = list(scenarios)
         if not self.scenarios:
@@ -140,6 +153,9 @@ class ScenarioSampler:
         if not 0.0 < repeat_kind <= 1.0:
             raise ValueError(f"repeat_kind={repeat_kind}: it must be in (0, 1]")
         self.repeat_kind = repeat_kind
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay={decay}: it must be in (0, 1]")
+        self.decay = decay
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
         self._kind = {s.id: task_kind(s) for s in self.scenarios}
         self._by_kind = {kind: ScenarioStats() for kind in self._kind.values()}
@@ -158,6 +174,8 @@ class ScenarioSampler:
                 s.informative += informative
                 s.attempts += len(g.trajectories)
                 s.successes += solved
+                s.recent_groups = self.decay * s.recent_groups + 1
+                s.recent_informative = self.decay * s.recent_informative + informative
 
     def weight(self, scenario: Scenario) -> float:
         """The estimated chance that the scenario's next group is informative (floored)."""
@@ -168,7 +186,8 @@ class ScenarioSampler:
             s = self._by_kind[self._kind[scenario.id]]
         else:
             s = self.stats[scenario.id]
-        p = (s.informative + _PRIOR_STRENGTH * prior) / (s.groups + _PRIOR_STRENGTH)
+        strength = _PRIOR_STRENGTH * self.decay**s.groups  # the prior fades as the data does
+        p = (s.recent_informative + strength * prior) / (s.recent_groups + strength)
         return max(p, self.min_weight)
 
     def draw(

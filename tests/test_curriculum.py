@@ -180,6 +180,23 @@ def test_fresh_sampling_estimates_informativeness_per_kind():
         assert "add0" not in [s.id for s in adds.draw(3, step=step)]
 
 
+def test_the_estimate_follows_what_the_policy_does_now():
+    divides = [_kinded(f"div{i}", "divide") for i in range(8)]
+    recent, counted = ScenarioSampler(divides, seed=0), ScenarioSampler(divides, decay=1.0)
+    for sampler in (recent, counted):
+        for i in range(3):  # it taught at first...
+            sampler.observe([_group(f"div{i}", [1.0, 0.0, 0.0])])
+        for i in range(3, 6):  # ...and now every attempt solves it
+            sampler.observe([_group(f"div{i}", [1.0, 1.0, 1.0])])
+    assert recent.weight(divides[7]) < 0.2
+    assert counted.weight(divides[7]) > 0.5  # plain counts remember the first three
+    for i in range(6, 8):  # and when it starts to teach again, it is drawn again
+        recent.observe([_group(f"div{i}", [1.0, 0.0, 0.0])])
+    assert recent.weight(divides[0]) > 0.6
+    with pytest.raises(ValueError, match="decay=0: it must be in"):
+        ScenarioSampler(divides, decay=0)
+
+
 # -- dynamic sampling in the loop, with a scripted policy ------------------------------------
 
 
