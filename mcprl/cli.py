@@ -399,7 +399,7 @@ def _with_flags(defaults: Any, flags: dict[str, Any]) -> Any:
 QUICK = {
     "steps": 2,
     "groups_per_step": 2,
-    "rollouts_per_group": 4,
+    "rollouts_per_group": 8,
     "max_val": 4,
     "val_attempts": 2,
     "eval_every": 0,

@@ -47,7 +47,7 @@ def _config(*flags: str) -> RunConfig:
 
 def test_quick_sets_a_small_run_and_the_flags_given_still_win():
     quick = _config("--quick")
-    assert (quick.steps, quick.groups_per_step, quick.rollouts_per_group) == (2, 2, 4)
+    assert (quick.steps, quick.groups_per_step, quick.rollouts_per_group) == (2, 2, 8)
     assert (quick.max_val_scenarios, quick.val_attempts, quick.eval_every) == (4, 2, 0)
     assert set(QUICK) <= set(vars(_parser().parse_args(["train", "x"])))
     assert _config("--quick", "--steps", "3").steps == 3
