@@ -13,8 +13,8 @@ The policy changes every step, so the counts are of recent groups: each new grou
 (or kind) multiplies the weight of its earlier groups, and of the prior, by `decay` (1/2), and
 the estimate follows what the policy does now. (With plain counts, until L51, a kind that
 taught at its first three or four groups and was solved by every attempt after kept a weight
-near 1/2 for the rest of the run: in a seed-0 calculator run, the divisions were drawn and tied
-at each of the last seven steps.)
+near 1/2 for the rest of the run: in a seed-0 calculator run (L49), the divisions were drawn
+and tied at each of steps 4-10.)
 A floor (`min_weight`) keeps every scenario drawable, so one that stopped teaching can come back.
 A step draws *kinds* of task (the tools a reference calls, in order) one at a time, each with
 chance in proportion to its weight, and a kind the step drew already counts `repeat_kind` (1/4)
