@@ -195,7 +195,7 @@ def test_the_estimate_follows_what_the_policy_does_now():
     assert recent.weight(divides[0]) > 0.6
     with pytest.raises(ValueError, match="decay=0: it must be in"):
         ScenarioSampler(divides, decay=0)
-    with pytest.raises(ValueError, match="repeat_kind=1.5: it must be in"):
+    with pytest.raises(ValueError, match=r"repeat_kind=1\.5: it must be in"):
         ScenarioSampler(divides, repeat_kind=1.5)
 
 
