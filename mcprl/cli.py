@@ -711,28 +711,50 @@ def _backend(args: argparse.Namespace):
     """The backend `--backend` names: this process (`local`, the default), `vllm`, or the URL
     of `mcprl serve --train`."""
     if args.backend == "vllm":
+        _unsloth_before_transformers(args.trainer)
         from mcprl.backends import VLLMBackend
 
         _quiet_libraries()
         _set_threads(args)
-        where = args.vllm_url or "a `vllm serve` started here"
-        _say(f"  inference on vLLM ({where}), training with peft here")
-        return VLLMBackend(
+        backend = VLLMBackend(
             args.path, vllm_url=args.vllm_url, api_key=args.api_key, sleep_mode=args.vllm_sleep,
-            train_dtype=args.dtype, device=args.device,
+            train_dtype=args.dtype, device=args.device, train_with=args.trainer,
         )  # fmt: skip
+        where = args.vllm_url or "a `vllm serve` started here"
+        _say(f"  inference on vLLM ({where}), training with {backend.trainer_name} here")
+        return backend
     if args.backend and args.backend != "local":
         from mcprl.backends import RemoteBackend
 
+        if args.trainer != "auto":
+            raise ValueError(
+                f"--trainer {args.trainer}: a remote backend trains with its own trainer; "
+                "leave --trainer out with --backend URL"
+            )
         _say(f"  training and inference on {args.backend} (runs kept there)")
         return RemoteBackend(args.backend, api_key=args.api_key)
     from mcprl.backends import LocalBackend
+    from mcprl.training import pick_trainer
 
+    pick_trainer(args.trainer, args.device, separate_inference=False)  # refuses unsloth here
     _quiet_libraries()
     _set_threads(args)
     return LocalBackend(
         args.path, inference_dtype=args.dtype, train_dtype=args.dtype, device=args.device
     )
+
+
+def _unsloth_before_transformers(choice: str) -> None:
+    """Import Unsloth first where it may train: it patches transformers as it is imported, and
+    warns that optimizations are lost when transformers came first."""
+    import importlib.util
+
+    if choice == "peft" or importlib.util.find_spec("unsloth") is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        import unsloth  # noqa: F401
 
 
 def _add_backend(p: argparse.ArgumentParser) -> None:
@@ -758,6 +780,14 @@ def _add_backend(p: argparse.ArgumentParser) -> None:
         "--vllm-sleep",
         action="store_true",
         help="with --backend vllm: put vLLM to sleep while a step trains (one shared GPU)",
+    )
+    p.add_argument(
+        "--trainer",
+        default="auto",
+        choices=("auto", "peft", "unsloth"),
+        help="what trains the LoRA with --backend vllm: unsloth (Unsloth's FastLanguageModel, on "
+        "a GPU), peft, or auto (the default: Unsloth where it is installed and the device is a "
+        "GPU, else peft); the local backend always trains with peft",
     )
 
 

@@ -14,7 +14,9 @@ training share one GPU, `sleep_mode=True` puts vLLM to sleep while a step trains
 trainer uses the rest. Rollouts ask vLLM for token ids and log-probabilities in its own request
 fields, and `mcprl.tokens` reads its replies.
 
-Unsloth is not used yet: training is peft's (`mcprl.training.LoraTrainer`).
+Training is peft's (`mcprl.training.LoraTrainer`), or Unsloth's (`UnslothTrainer`) with
+`trainer="unsloth"`, or with `auto` (the default) where Unsloth is installed and the device is a
+GPU; `auto` falls back to peft, with a warning, for a model Unsloth cannot load.
 """
 
 from __future__ import annotations
@@ -148,11 +150,13 @@ class VLLMBackend(LocalBackend):
         gpu_memory_utilization: float = 0.5,
         train_dtype: str = "auto",
         device: str | None = "auto",
+        train_with: str = "auto",
         trainer: Any = None,
     ) -> None:
         """`vllm_url`: a running vLLM server to attach to (default: start one); `api_key`: its
         key (default $VLLM_API_KEY); `sleep_mode`: sleep vLLM while training (one shared
-        GPU); `vllm_args`: more `vllm serve` arguments."""
+        GPU); `vllm_args`: more `vllm serve` arguments; `train_with`: `auto`, `peft` or
+        `unsloth` (see `mcprl.training.pick_trainer`); `trainer`: a trainer factory instead."""
         options = dict(
             url=vllm_url,
             api_key=api_key,
@@ -170,6 +174,13 @@ class VLLMBackend(LocalBackend):
             path, train_dtype=train_dtype, device=device, trainer=trainer, inference=start
         )
         self.vllm_url, self.vllm_api_key = vllm_url, api_key
+        self.trainer_name = "custom"
+        if trainer is None:
+            from mcprl.training import trainer_factory
+
+            self.trainer_name, self._make_trainer = trainer_factory(
+                train_with, self.device, self.train_dtype, separate_inference=True
+            )
 
     async def check_model(self, base_model: str) -> None:
         if self.vllm_url is None:

@@ -28,6 +28,9 @@ _LAZY = {
     "batch_advantages": "_losses",
     "group_advantages": "_losses",
     "LoraTrainer": "_trainer",
+    "UnslothTrainer": "_unsloth",
+    "pick_trainer": "_unsloth",
+    "trainer_factory": "_unsloth",
 }
 
 __all__ = ["LoraConfig", "TrainConfig", *_LAZY]

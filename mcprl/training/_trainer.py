@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 
 
 class LoraTrainer:
+    # whether a prefix the sequences share can run once per update (`TrainConfig.share_prefix`):
+    # it continues rows from a key/value cache, which needs transformers' own forward pass
+    shares_prefix = True
+
     def __init__(
         self,
         base_path: str,
@@ -51,13 +55,26 @@ class LoraTrainer:
         dtype: str = "float32",
         device: str | None = None,
     ) -> None:
-        from peft import LoraConfig as PeftLoraConfig
-        from peft import PeftModel, get_peft_model
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(base_path)
         self.dtype = pick_dtype(dtype, str(self.device))
+        self.model = self._load(base_path, lora or LoraConfig(), adapter_path)
+        self.model.config.use_cache = False
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=0.0)
+        self.updates = 0
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+
+    def _load(self, base_path: str, lora: LoraConfig, adapter_path: str | Path | None) -> Any:
+        """The base model with a trainable LoRA: a new one (`lora`), or the one saved at
+        `adapter_path`."""
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM
+
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype(self.dtype))
         base = base.to(self.device)
         if self.device.type == "cpu":  # grouped-query SDPA: see mcprl.serving._kv
@@ -65,23 +82,20 @@ class LoraTrainer:
 
             base.set_attn_implementation(CPU_ATTENTION)
         if adapter_path is not None:
-            self.model = PeftModel.from_pretrained(base, str(adapter_path), is_trainable=True)
-        else:
-            lora = lora or LoraConfig()
-            config = PeftLoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=lora.target_modules,
-                task_type="CAUSAL_LM",
-            )
-            self.model = get_peft_model(base, config)
-        self.model.config.use_cache = False
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=0.0)
-        self.updates = 0
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+            return PeftModel.from_pretrained(base, str(adapter_path), is_trainable=True)
+        config = PeftLoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        return get_peft_model(base, config)
+
+    def _hidden(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """The last layer's hidden states (after the final norm) of whole rows, [rows, T, H]."""
+        body = self.model.get_base_model().model
+        return body(input_ids=ids, attention_mask=attention).last_hidden_state
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -116,7 +130,10 @@ class LoraTrainer:
             tokens = sum(s.trained_tokens for s in part)
             norm = Normalizer(config.normalization, tokens, len(part), config.fixed_length)
             batches = micro_batches(
-                part, config.token_budget, self.pad_id, share_prefix=config.share_prefix
+                part,
+                config.token_budget,
+                self.pad_id,
+                share_prefix=config.share_prefix and self.shares_prefix,
             )
             plan.append((norm, batches))
         done, total = 0, sum(len(batches) for _, batches in plan)
@@ -260,7 +277,7 @@ class LoraTrainer:
         """
         causal_lm = self.model.get_base_model()
         if prefix is None:
-            hidden = causal_lm.model(input_ids=ids, attention_mask=attention).last_hidden_state
+            hidden = self._hidden(ids, attention)
         else:
             kv = prefix_kv if prefix_kv is not None else run_prefix(causal_lm.model, prefix)
             hidden = self._after_prefix(causal_lm.model, kv, ids, attention)
