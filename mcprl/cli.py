@@ -370,6 +370,7 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
         max_concurrency=args.concurrency,
         sampling=args.sampling,
         oversample=args.oversample,
+        explore=args.explore,
         trackers=args.tracker,
         lr_schedule=args.lr_schedule,
     )
@@ -568,6 +569,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         type=float,
         help="draw up to this many times --groups-per-step scenarios to replace groups whose "
         f"rewards tie (default {d.oversample:g}; 1 disables)",
+    )
+    p.add_argument(
+        "--explore",
+        type=float,
+        help="at a kind of task tried before and never solved by the model's own choice, this "
+        "share of a group's attempts each start with a different tool the loop picks (default "
+        f"{d.explore:g}; 0 disables)",
     )
     p.add_argument(
         "--max-turns", type=int, help=f"turns per attempt (default {d.rollout.max_turns})"

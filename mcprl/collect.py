@@ -58,12 +58,19 @@ async def collect_groups(
     max_exceptions: int | float = 0.25,
     desc: str = "rollouts",
     progress: bool = True,
+    first_tools: Sequence[Sequence[str]] | None = None,
 ) -> list[TrajectoryGroup]:
-    """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order."""
+    """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order.
+    `first_tools[i]`: the tools that scenario i's first attempts must call first, one each
+    (`RolloutConfig.first_tool`); the other attempts choose freely."""
     async with model.openai_client() as client, attempt_server(server, config) as server:
 
         def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
-            cfg = config.model_copy(update={"seed": seed + (i * attempts + a) * SEED_STRIDE})
+            update: dict[str, Any] = {"seed": seed + (i * attempts + a) * SEED_STRIDE}
+            forced = first_tools[i] if first_tools else ()
+            if a < len(forced):
+                update["first_tool"] = forced[a]
+            cfg = config.model_copy(update=update)
             return lambda: rollout(model, scenario, server, cfg, client=client)
 
         return await gather_groups(

@@ -111,13 +111,15 @@ class ScenarioStats:
     """What the training groups of one scenario (or kind) did so far.
 
     `recent_groups` and `recent_informative` count the same groups with the older ones
-    discounted (`ScenarioSampler(decay=...)`), for the estimate that draws.
+    discounted (`ScenarioSampler(decay=...)`), for the estimate that draws. `own_successes`
+    leaves out the attempts whose first tool the loop chose (`RolloutConfig.first_tool`).
     """
 
     groups: int = 0
     informative: int = 0
     attempts: int = 0
     successes: int = 0
+    own_successes: int = 0
     recent_groups: float = 0.0
     recent_informative: float = 0.0
 
@@ -168,14 +170,27 @@ class ScenarioSampler:
                 continue
             kind = self._by_kind[self._kind[g.scenario_id or ""]]
             informative = is_informative(g, self.informative)
-            solved = sum(t.metrics.get("success", 0.0) >= 1.0 for t in g.trajectories)
+            solved = [t for t in g.trajectories if t.metrics.get("success", 0.0) >= 1.0]
+            own = sum("first_tool" not in t.metadata for t in solved)
             for s in (stats, kind):
                 s.groups += 1
                 s.informative += informative
                 s.attempts += len(g.trajectories)
-                s.successes += solved
+                s.successes += len(solved)
+                s.own_successes += own
                 s.recent_groups = self.decay * s.recent_groups + 1
                 s.recent_informative = self.decay * s.recent_informative + informative
+
+    def unsolved(self, scenario: Scenario) -> bool:
+        """Its kind was tried and no attempt of the policy's own choosing solved it: where some
+        attempts should explore (`TrainConfig.explore`). False for a scenario with no reference
+        (success is unknown there)."""
+        from mcprl.collect import has_reference
+
+        if not has_reference(scenario):
+            return False
+        kind = self._by_kind.get(self._kind.get(scenario.id, ()))
+        return kind is not None and kind.groups > 0 and kind.own_successes == 0
 
     def weight(self, scenario: Scenario) -> float:
         """The estimated chance that the scenario's next group is informative (floored)."""

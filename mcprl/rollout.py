@@ -22,6 +22,8 @@ Five defaults make the loop finishable by a small model (`RolloutConfig`, all sw
 - `look_before_answer`: until the attempt has called a tool, `complete_task` is not allowed
   (OpenAI's `allowed_tools` tool choice; the prompt still lists every tool), so no attempt ends
   with a guess copied from the task;
+- `first_tool`: the first turn must call this tool (a named tool choice): the training loop's
+  exploration of kinds of task no attempt has solved yet (`TrainConfig.explore`);
 - `results_as="json"`: a tool result whose structured content says the same as its text is shown
   as that JSON (`{"result": -160.0}`, not `-160`), the form the model writes `complete_task`'s
   arguments in, so a copied value keeps its spelling: in `"answer": -160` the sign is the token
@@ -160,6 +162,11 @@ class RolloutConfig(BaseModel):
         "answer guessed before looking). Sent as OpenAI's allowed_tools tool_choice, so the "
         "prompt still lists every tool; turn it off for an endpoint that rejects that",
     )
+    first_tool: str | None = Field(
+        default=None,
+        description="the tool the first turn must call (a named tool choice); the training "
+        "loop sets it on some attempts at kinds of task none has solved yet (exploration)",
+    )
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -226,6 +233,13 @@ async def rollout(
             for t in await session.list_tools()
         ]
         by_name = {t.name: t for t in mcp_tools}
+        if config.first_tool is not None and config.first_tool not in by_name:
+            raise ValueError(
+                f"first_tool {config.first_tool!r} is not a tool of this server "
+                f"(it has {', '.join(by_name) or 'none'})"
+            )
+        if config.first_tool is not None:
+            traj.metadata["first_tool"] = config.first_tool  # an exploring attempt
         kind = answer_type(scenario) if config.typed_answer else None
         traj.tools = [*openai_tools(mcp_tools), complete_task_tool(kind)]
         traj.messages = [
@@ -342,10 +356,13 @@ async def _single_turn(model: Any, scenario: Scenario, config: RolloutConfig, cl
 
 
 def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
-    """This turn's tool_choice: complete_task alone on a forced last turn; every tool but
-    complete_task until the attempt has called one (`look_before_answer`)."""
+    """This turn's tool_choice: complete_task alone on a forced last turn; `first_tool` alone on
+    the first; every tool but complete_task until the attempt has called one
+    (`look_before_answer`)."""
     if config.force_final_answer and turn == config.max_turns - 1:
         return {"type": "function", "function": {"name": COMPLETE_TASK}}
+    if turn == 0 and config.first_tool is not None:
+        return {"type": "function", "function": {"name": config.first_tool}}
     others = [t for t in traj.tools if t["function"]["name"] != COMPLETE_TASK]
     looked = any(m["role"] == "tool" for m in traj.messages)
     if not config.look_before_answer or looked or not others or len(others) == len(traj.tools):

@@ -13,7 +13,9 @@ then repeats, up to `steps`:
 
 1. rollouts: `rollouts_per_group` attempts at each of `groups_per_step` training scenarios,
    drawn by `mcprl.curriculum.ScenarioSampler` (scenarios likely to give differing rewards, from
-   the easy end first);
+   the easy end first). At a kind of task tried before that no attempt of the policy's own
+   choosing has solved, `explore` of the attempts each start with a tool the loop picks
+   (distinct, seeded), so a tool the policy never tries gets tried;
 2. judging: rewards from RULER, the scenarios' references, or both. A group whose rewards tie
    teaches nothing: another scenario is drawn in its place (dynamic sampling), until the step
    has `groups_per_step` informative groups or has drawn `oversample` times that many (with
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +100,14 @@ class RunConfig(BaseModel):
         ge=1.0,
         description="draw up to this many times groups_per_step scenarios to replace groups "
         "whose rewards tie (dynamic sampling); 1 disables",
+    )
+    explore: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="at a kind of task tried before and never solved by the policy's own "
+        "choice, this share of a group's attempts start with a tool the loop picks (each a "
+        "different one); 0 disables",
     )
     reward: RewardMode = "auto"
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
@@ -519,6 +530,7 @@ class TrainingRun:
             summary.times[k] = summary.times.get(k, 0.0) + v
         if m.get("skipped_update"):
             summary.steps_without_update += 1
+        explored = counts.get("attempts_explored", 0)
         self.say(
             f"step {result.step}/{config.steps}: reward {m.get('reward_mean', math.nan):.3f} "
             f"± {m.get('reward_std', math.nan):.3f}"
@@ -527,6 +539,7 @@ class TrainingRun:
             + f"{counts['groups_drawn']:.0f} drawn ({counts['groups_tied']:.0f} tied"
             + (f", {dropped} lost to the judge" if dropped else "")
             + ")"
+            + (f", {counts['attempts_explored']:.0f} attempts explored" if explored else "")
             + (f"; no update: {_NO_SIGNAL[self.informative]}" if m.get("skipped_update") else "")
             + f" | rollouts {times['rollout']:.0f} s, judge {times['judge']:.0f} s, "
             f"train {times['train']:.0f} s"
@@ -549,6 +562,7 @@ class TrainingRun:
         kept: list[TrajectoryGroup] = []
         tied: list[TrajectoryGroup] = []
         drawn: list[str] = []
+        explored = 0
         times = {"rollout": 0.0, "judge": 0.0}
         self._dropped.clear()
         self.phase = "rollouts"
@@ -565,8 +579,10 @@ class TrainingRun:
                 + step * 1_000_000
                 + len(drawn) * config.rollouts_per_group * SEED_STRIDE
             )
+            first = [self._first_tools(s, seed + i) for i, s in enumerate(batch)]
+            explored += sum(map(len, first))
             groups = await self._collect(
-                batch, config.rollouts_per_group, seed, f"step {step} rollouts{again}"
+                batch, config.rollouts_per_group, seed, f"step {step} rollouts{again}", first
             )
             t1 = time.perf_counter()
             groups = await score_groups(
@@ -584,10 +600,28 @@ class TrainingRun:
             "groups_drawn": float(len(drawn)),
             "groups_tied": float(len(tied)),
             "groups_trained": float(len(kept)),
+            "attempts_explored": float(explored),
         }
         return kept + tied, counts | self.sampler.summary(), times
 
-    async def _collect(self, scenarios: list[Scenario], attempts: int, seed: int, desc: str):
+    def _first_tools(self, scenario: Scenario, seed: int) -> list[str]:
+        """The tools that attempts at `scenario` must call first (`explore`): none unless its kind
+        is unsolved; else a seeded pick of distinct tools of the server."""
+        tools = [t.name for t in self.info.tools] if self.info is not None else []
+        share = self.config.explore
+        if share <= 0 or len(tools) < 2 or not self.sampler.unsolved(scenario):
+            return []
+        k = min(len(tools), math.ceil(share * self.config.rollouts_per_group))
+        return random.Random(seed).sample(tools, k)
+
+    async def _collect(
+        self,
+        scenarios: list[Scenario],
+        attempts: int,
+        seed: int,
+        desc: str,
+        first_tools: list[list[str]] | None = None,
+    ):
         return await collect_groups(
             self.model,
             scenarios,
@@ -598,6 +632,7 @@ class TrainingRun:
             max_concurrency=self.config.max_concurrency,
             desc=desc,
             progress=self.progress,
+            first_tools=first_tools,
         )
 
     async def _evaluate(self, summary: RunSummary) -> None:

@@ -445,3 +445,79 @@ async def test_a_judge_given_to_the_run_is_the_one_that_ranks(tmp_path):
                           say=lambda _: None, progress=False, reward=judge)  # fmt: skip
         await run.prepare(scenarios)
         assert run.reward == "ruler" and run.judge is judge
+
+
+# -- exploration: kinds of task the policy never solves -------------------------------------
+
+
+def _stuck_on_multiply(body: dict) -> tuple[int, dict]:
+    """Calls multiply(2, 3) first, or the tool a named tool_choice names; then answers with
+    that call's result."""
+    status, reply = _policy(body)
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+    if not results:
+        choice = body.get("tool_choice")
+        named = choice["function"]["name"] if choice and choice.get("type") == "function" else None
+        call["name"] = named or "multiply"
+        call["arguments"] = json.dumps({"a": 2, "b": 3})
+    else:
+        try:
+            call["arguments"] = json.dumps({"answer": json.loads(results[-1])["result"]})
+        except (ValueError, KeyError, TypeError):  # a tool that takes other arguments
+            call["arguments"] = json.dumps({"answer": 0})
+    return status, reply
+
+
+def test_a_kind_is_unsolved_until_an_attempt_of_the_policys_own_choosing_solves_it():
+    adds = [_with_call(f"add{i}") for i in range(2)]
+    sampler = ScenarioSampler([*adds, _scenario("no-calls")])
+    assert not sampler.unsolved(adds[0])  # never tried: nothing to explore yet
+    failed = _group("add0", [0.0, 0.0])
+    sampler.observe([failed])
+    assert sampler.unsolved(adds[1])  # the kind, not the scenario
+    explored = _group("add0", [1.0, 0.0])
+    explored.trajectories[0].metadata["first_tool"] = "add"  # solved where the loop chose
+    sampler.observe([explored])
+    assert sampler.unsolved(adds[0])
+    sampler.observe([_group("add1", [1.0, 0.0])])
+    assert not sampler.unsolved(adds[0])
+    no_reference = Scenario(id="free", task="Say hello.", split="train", difficulty=1)
+    free = ScenarioSampler([no_reference])
+    free.observe([_group("free", [0.0, 0.0])])
+    assert not free.unsolved(no_reference)  # success is unknown there: no exploration
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("explore", [1.0, 0.0])
+async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_other_tools(
+    tmp_path, explore
+):
+    """The policy always multiplies; the task needs `add`. Once a group of the kind failed, the
+    next one's attempts each start with a different tool, so `add` is tried and succeeds."""
+    scenarios = ScenarioSet([_with_call("add0"), _with_call("add1"), _scenario("val")])
+    scenarios.scenarios[-1].split = "val"
+    calculator = load_example("calculator").server
+    said: list[str] = []
+    with LocalChatServer(_stuck_on_multiply) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=7, oversample=1,
+                           eval_every=0, reward="reference", write_report=False,
+                           explore=explore)  # fmt: skip
+        run = TrainingRun(config, calculator, backend, say=said.append, progress=False)
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+        await run._step(summary)
+    first, second = backend.trained
+    assert [t.metadata.get("first_tool") for t in first[0].trajectories] == [None] * 7
+    assert backend.rows[0]["train/attempts_explored"] == 0
+    solved = [t.metadata.get("first_tool") for t in second[0].trajectories if t.reward == 1.0]
+    if explore == 0:
+        assert solved == [] and backend.rows[1]["train/attempts_explored"] == 0
+        return
+    tools = [t.metadata["first_tool"] for t in second[0].trajectories]
+    assert sorted(tools) == sorted(t.name for t in run.info.tools)  # 7 attempts, 7 tools
+    assert solved == ["add"]
+    assert backend.rows[1]["train/attempts_explored"] == 7
+    assert "7 attempts explored" in said[-1]

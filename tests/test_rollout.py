@@ -323,6 +323,23 @@ async def test_the_last_turn_is_forced_to_complete_task_with_a_typed_answer(calc
     assert reference_reward(t, SCENARIO) == 1.0
 
 
+async def test_a_first_tool_names_the_first_turns_call_and_no_other(calculator):
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("complete_task", {"answer": 42.0})),
+    )
+    config = RolloutConfig(max_turns=2, first_tool="multiply")
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
+    first, last = policy.requests
+    assert first["tool_choice"] == {"type": "function", "function": {"name": "multiply"}}
+    assert last["tool_choice"]["function"]["name"] == "complete_task"
+    assert first["tools"] == t.tools  # the prompt still lists every tool
+    assert t.metadata["first_tool"] == "multiply" and reference_reward(t, SCENARIO) == 1.0
+    with pytest.raises(ValueError, match=r"first_tool 'modulo' is not a tool.*add, subtract"):
+        bad = RolloutConfig(first_tool="modulo")
+        await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
+
+
 async def test_text_answers_and_the_switches_of_the_final_turn(calculator):
     text = Scenario(id="t", task="Who?", difficulty=1, reference=Reference(answer="Mary Shelley"))
     policy = ScriptedPolicy(reply(call("complete_task", {"answer": "It was Mary Shelley"})))
