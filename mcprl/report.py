@@ -94,7 +94,11 @@ def _settings(run_dir: Path, info: dict[str, Any]) -> str:
             "groups per step × attempts",
             f"{config.get('groups_per_step')} × {config.get('rollouts_per_group')}",
         ),
-        ("sampling", f"{config.get('sampling')}, oversample {config.get('oversample')}"),
+        (
+            "sampling",
+            f"{config.get('sampling')}, oversample {config.get('oversample')}, "
+            f"explore {config.get('explore', 0)}",
+        ),
         ("reward", config.get("reward")),
         ("judge", config.get("judge") or "–"),
         (
@@ -386,6 +390,8 @@ def _render(t: Trajectory, reference: str | None = None) -> str:
     outcome = f"stop: {_stop_reason(t)} · answer {answer if answer is not None else '–'}"
     if reference is not None:
         outcome += f" · reference {reference}"
+    if t.metadata.get("first_tool") is not None:  # the loop chose the first call (exploring)
+        outcome += f" · exploring: first call {t.metadata['first_tool']}, chosen by the loop"
     return (
         f'<div class="traj"><p><b>reward {reward}</b> · scenario '
         f"{html.escape(str(t.metadata.get('scenario_id')))} · {metrics}<br>"

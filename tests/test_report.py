@@ -56,9 +56,10 @@ def run_dir(tmp_path: Path) -> Path:
                                         "train/kl": 0.0, "train/clip_fraction": 0.01,
                                         "train/abs_logprob_drift": 0.02}),
             })  # fmt: skip
+            explored = _attempt(0.1, "It is 6, I think")
+            explored.metadata["first_tool"] = "add"
             group = TrajectoryGroup(
-                scenario_id="add-2-3",
-                trajectories=[_attempt(0.9, "2 + 3 = 5"), _attempt(0.1, "It is 6, I think")],
+                scenario_id="add-2-3", trajectories=[_attempt(0.9, "2 + 3 = 5"), explored]
             )
             store.write_trajectories("train", step, [group])
         store.append_history({"step": step, "val/attempts": 8.0, "val/success": 0.1 * step,
@@ -81,6 +82,8 @@ def test_report_shows_settings_trainer_metrics_and_each_attempts_outcome(run_dir
     assert "<td>steps</td><td>3</td>" in html
     assert "<td>learning rate</td><td>0.002, linear</td>" in html
     assert "stop: called complete_task · answer 2 + 3 = 5 · reference 5" in html
+    assert "answer It is 6, I think · reference 5 · exploring: first call add, chosen by" in html
+    assert "<td>sampling</td><td>fresh, oversample 1.5, explore 0.5</td>" in html
     assert "evaluation" in html  # the time chart's phases are in its caption
 
 
