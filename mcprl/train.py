@@ -539,7 +539,7 @@ class TrainingRun:
             + f"{counts['groups_drawn']:.0f} drawn ({counts['groups_tied']:.0f} tied"
             + (f", {dropped} lost to the judge" if dropped else "")
             + ")"
-            + (f", {counts['attempts_explored']:.0f} attempts explored" if explored else "")
+            + (f", {explored:.0f} attempts explored" if explored else "")
             + (f"; no update: {_NO_SIGNAL[self.informative]}" if m.get("skipped_update") else "")
             + f" | rollouts {times['rollout']:.0f} s, judge {times['judge']:.0f} s, "
             f"train {times['train']:.0f} s"
@@ -607,9 +607,11 @@ class TrainingRun:
     def _first_tools(self, scenario: Scenario, seed: int) -> list[str]:
         """The tools that attempts at `scenario` must call first (`explore`): none unless its kind
         is unsolved; else a seeded pick of distinct tools of the server."""
-        tools = [t.name for t in self.info.tools] if self.info is not None else []
         share = self.config.explore
-        if share <= 0 or len(tools) < 2 or not self.sampler.unsolved(scenario):
+        if share <= 0 or self.info is None or not self.sampler.unsolved(scenario):
+            return []
+        tools = [t.name for t in self.info.tools]
+        if len(tools) < 2:
             return []
         k = min(len(tools), math.ceil(share * self.config.rollouts_per_group))
         return random.Random(seed).sample(tools, k)
