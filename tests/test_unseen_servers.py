@@ -137,7 +137,6 @@ async def test_a_server_that_needs_a_variable_says_so_and_starts_with_it(tmp_pat
 
 async def test_errors_worded_as_text_are_never_references():
     scenarios, report = await build_grounded(f"{PY} {SERVERS / 'sqlish.py'}", 4, seed=0)
-    assert report.rejected["an error reported as ordinary text"] > 0
     assert report.skipped_tools == ["query"]  # free-text SQL may write
     for s in scenarios:
         assert not any(looks_like_error(c.result or "") for c in s.reference.calls)
@@ -146,7 +145,8 @@ async def test_errors_worded_as_text_are_never_references():
 
 async def test_answers_that_change_between_sessions_are_dropped_and_described_values_used():
     scenarios, report = await build_grounded(f"{PY} {SERVERS / 'clock.py'}", 3, seed=0)
-    assert report.rejected["results that change between sessions (time, random ids)"] > 0
+    # the clock's answer changes when the call is repeated: it is no practice material
+    assert "get_current_time" in report.meta_tools
     assert scenarios and all(
         c.tool == "convert_time" for s in scenarios for c in s.reference.calls
     )  # the current time is never a reference
@@ -226,7 +226,7 @@ def test_scenarios_cli_keeps_a_short_set_and_says_what_it_turned_down(tmp_path, 
                  "-o", str(out)])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 0 and out.is_file()
-    assert "rejected: an error reported as ordinary text" in err
+    assert "may change the server's data: query" in err
     assert "warning: kept the" in err and "fewer than the 6 asked" in err
     assert "Not called, as they may change the server's data: query" in err
 

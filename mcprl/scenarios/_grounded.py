@@ -14,25 +14,33 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import date
 from typing import Any
 
 from mcprl.errors import ScenarioGenerationError
-from mcprl.mcp import ServerInfo, ToolInfo, inspect_server, open_session
+from mcprl.mcp import ServerInfo, ServerSpec, ToolInfo, inspect_server, open_session
 from mcprl.mcp._safety import looks_like_error, name_words, tool_access
 from mcprl.scenarios._dedupe import Deduper
+from mcprl.scenarios._parse import parse_result
+from mcprl.scenarios._questions import Question, format_number, records_questions
+from mcprl.scenarios._sampling import (
+    SQL_ROWS as _SQL_ROWS,
+)
 from mcprl.scenarios._sampling import (
     SchemaSampler,
     ValuePool,
     _is_id_name,
-    harvest,
+    free_text_kind,
     listed_name,
     singular,
 )
+from mcprl.scenarios._screen import answer_problem, is_meta_tool, leaks_secret
 from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
 
 __all__ = ["GenerationReport", "build_grounded", "grounded_scenarios"]
@@ -47,11 +55,12 @@ class _Step:
     tool: ToolInfo
     arguments: dict[str, Any]
     result_text: str
-    link: tuple[str, str] | None = None  # (parameter, how the value was taken from the last step)
+    structured: Any = None
+    link: _Link | None = None  # how a value was taken from the step before
 
     @property
     def result(self) -> Any:
-        return harvest(self.result_text)
+        return parse_result(self.result_text, self.structured)
 
 
 @dataclass
@@ -59,6 +68,8 @@ class _Link:
     param: str
     value: Any
     phrase: str
+    item: dict[str, Any] | None = None  # the listed record the value names, where there is one
+    noun: str | None = None  # what the listing lists
 
 
 @dataclass
@@ -72,6 +83,7 @@ class GenerationReport:
     first_calls_failed: int = 0
     rejected: Counter = field(default_factory=Counter)  # reason -> candidates
     skipped_tools: list[str] = field(default_factory=list)  # writing tools left uncalled
+    meta_tools: list[str] = field(default_factory=list)  # about the server, not the user's data
     last_error: str | None = None
 
     def describe(self) -> str:
@@ -80,6 +92,11 @@ class GenerationReport:
             parts.append(f"{self.first_calls_failed} first calls failed")
         parts += [f"{n} rejected: {why}" for why, n in self.rejected.most_common()]
         text = "; ".join(parts)
+        if self.meta_tools:
+            text += (
+                f". Not practice material (logs, echoes, demos, the environment, results that "
+                f"change with each call): {', '.join(self.meta_tools)}"
+            )
         if self.skipped_tools:
             text += (
                 f". Not called, as they may change the server's data: "
@@ -113,11 +130,13 @@ def _links_from_dict(result: dict, name: str, kind: Any) -> list[_Link]:
         if ids and kind == "array" and _is_id_name(name.rstrip("s")):
             out.append(_Link(name, ids, f"the ids of all {key} found in the previous step"))
         elif ids and _is_id_name(name) and kind in ("string", "integer"):
-            out.append(_Link(name, ids[0], f"the id of the first {noun} found before"))
+            item = next(i for i in items if isinstance(i, dict) and "id" in i)
+            out.append(_Link(name, ids[0], f"the id of the first {noun} found before", item, noun))
         if kind == "string" and _names_a(name, noun):
             first = listed_name(items[0])
             if isinstance(first, str):
-                out.append(_Link(name, first, f"the first {noun} listed before"))
+                item = items[0] if isinstance(items[0], dict) else None
+                out.append(_Link(name, first, f"the first {noun} listed before", item, noun))
     if "id" in result and _is_id_name(name) and kind in ("string", "integer"):
         out.append(_Link(name, result["id"], "the id returned by the previous step"))
     for key in _ANSWER_KEYS:
@@ -168,53 +187,266 @@ def _listed(parts: list[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
+_VERB_FORMS = {
+    "returns": "find", "return": "find", "gets": "get", "calculates": "calculate",
+    "computes": "compute", "converts": "convert", "lists": "list", "shows": "show",
+    "finds": "find", "looks": "look", "retrieves": "retrieve", "fetches": "fetch",
+    "evaluates": "evaluate", "searches": "search", "reads": "read",
+}  # fmt: skip
+
+
+def _imperative(sentence: str) -> str:
+    """ "Returns the sum of two numbers" -> "Find the sum of two numbers"."""
+    first, _, rest = sentence.partition(" ")
+    verb = _VERB_FORMS.get(first.lower().split("/")[0])
+    if verb is None:
+        return sentence
+    return f"{verb.capitalize()} {rest}".strip()
+
+
 def _instruction(step: _Step) -> str:
-    parts = [_given(k, v) for k, v in step.arguments.items() if not step.link or k != step.link[0]]
-    text = _sentence(step.tool.description)
+    link = step.link
+    parts = [_given(k, v) for k, v in step.arguments.items() if not link or k != link.param]
+    text = _imperative(_sentence(step.tool.description))
     if parts:
         text += f", with {_listed(parts)}"
-    if step.link:
-        param, phrase = step.link
-        noun = " ".join(name_words(param))
+    if link:
+        noun = " ".join(name_words(link.param))
+        phrase = link.phrase
         text += f", for {phrase}" if noun in phrase else f", using {phrase} as {noun}"
     return text
 
 
-def _question(result: Any, rng: random.Random) -> tuple[str, str | None]:
-    """What to ask about the final result, and the expected answer."""
-    if isinstance(result, bool) or result is None:
-        return "What was the result?", None
-    if isinstance(result, (int, float, str)):
-        return "What is the result?", str(result)
-    if isinstance(result, dict):
-        for key in _ANSWER_KEYS:
-            if isinstance(result.get(key), (int, float, str)) and not isinstance(
-                result.get(key), bool
-            ):
-                label = "How many are there?" if key == "count" else f"What is the {key}?"
-                return label, str(result[key])
-        fields = [
-            k
-            for k, v in result.items()
-            if isinstance(v, (int, float, str)) and not isinstance(v, bool) and not _is_id_name(k)
-        ]
-        if fields:
-            key = rng.choice(fields)
-            return f"What is its {' '.join(name_words(key))}?", str(result[key])
-    return "What did you find?", None
+# parameters that narrow what a call returns: a question about its whole result (a count, the
+# highest) would not say how it was narrowed, so only lookups are asked of such calls
+_FILTERS = {
+    "query", "q", "search", "keyword", "keywords", "filter", "limit", "max", "count", "offset",
+    "page", "top", "sort", "order", "contains", "since", "until", "start", "end", "pattern",
+    "names", "ids", "tail", "head",
+}  # fmt: skip
+_CONTAINERS = {"directory", "folder", "dir", "tree", "repository", "repo", "database", "db"}
+_DOCUMENTS = {"file", "text", "content", "contents", "document", "page"}
+_VERBS = {
+    "get", "list", "read", "search", "show", "find", "query", "fetch", "describe", "lookup",
+    "view", "open", "check", "count", "all", "with", "by", "info", "details", "detail",
+}  # fmt: skip
 
 
-def _difficulty(steps: list[_Step]) -> int:
+def _is_filter(name: str) -> bool:
+    return bool(set(name_words(name)) & _FILTERS)
+
+
+def _sql(step: _Step) -> str | None:
+    props = step.tool.input_schema.get("properties") or {}
+    for name, value in step.arguments.items():
+        if isinstance(value, str) and free_text_kind(step.tool, name, props.get(name, {})):
+            return value
+    return None
+
+
+def _noun(step: _Step, prefix: str | None) -> str | None:
+    """What the records of a call are: the table a query reads, else the tool's noun
+    (git_branch: branch; list_directory: entry; read_text_file: line)."""
+    sql = _sql(step)
+    if sql is not None:
+        m = re.search(r"\bFROM\s+[\"`\[]?(\w+)", sql, re.IGNORECASE)
+        return singular(m.group(1).lower()) if m else None
+    words = [w for w in name_words(step.tool.name) if w not in _VERBS and w != prefix]
+    if not words:
+        return None
+    noun = singular(words[-1])
+    if noun in _CONTAINERS:
+        return "entry"
+    if noun in _DOCUMENTS:
+        return "line"
+    if noun == "table" and "describe" in name_words(step.tool.name):
+        return "column"
+    return noun
+
+
+def _whole(step: _Step, data: Any) -> bool:
+    """Whether the call returned all there is (no filter; a query without WHERE or LIMIT hit)."""
+    sql = _sql(step)
+    if sql is not None:
+        rows = len(data) if isinstance(data, list) else 0
+        return not re.search(r"\bWHERE\b", sql, re.IGNORECASE) and rows < _SQL_ROWS
+    return not any(_is_filter(k) for k in step.arguments)
+
+
+def _scope(step: _Step) -> list[str]:
+    """The arguments a question must state: not filters, not SQL, not a linked value."""
+    sql = _sql(step)
+    return [
+        _given(k, v)
+        for k, v in step.arguments.items()
+        if not _is_filter(k) and v != sql and not (step.link and k == step.link.param)
+    ]
+
+
+def _with_scope(question: str, scope: list[str]) -> str:
+    if not scope:
+        return question
+    return f"For {_listed(scope)}, {_lower_first(question)}"
+
+
+def _arg_values(steps: list[_Step]) -> list[Any]:
+    out: list[Any] = []
+    for s in steps:
+        for v in s.arguments.values():
+            out.extend(v if isinstance(v, list) else [v])
+    return out
+
+
+_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\w)")
+
+
+def _computed(data: Any, arguments: list[Any]) -> float | None:
+    """The number a computation returned: the result itself, or the one number in its text
+    that is not an argument ("The sum of 31 and 25 is 56." -> 56)."""
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    if isinstance(data, dict):  # {"table": "fruit", "count": 4}: the count
+        data = next((data[k] for k in _ANSWER_KEYS if _is_number(data.get(k))), None)
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return data
+    if not isinstance(data, str) or len(data) > 200:
+        return None
+    given = {float(a) for a in arguments if isinstance(a, (int, float)) and not isinstance(a, bool)}
+    given |= {float(x) for a in arguments if isinstance(a, str) for x in _NUMBER_IN_TEXT.findall(a)}
+    new = [float(x) for x in _NUMBER_IN_TEXT.findall(data) if float(x) not in given]
+    return new[0] if len(new) == 1 else None
+
+
+def _number_answer(value: float) -> str:
+    """At most four decimals, or four significant digits below 1 (0.01393)."""
+    if not isinstance(value, float) or value == 0:
+        return str(value)
+    places = 4 if abs(value) >= 1 else 3 - math.floor(math.log10(abs(value)))
+    return format_number(round(value, places))
+
+
+def _rounded(answer: str) -> str:
+    return _number_answer(float(answer)) if _is_number(answer) and "." in answer else answer
+
+
+_DATE_DEPENDENT = {
+    "yes", "no", "true", "false", "monday", "tuesday", "wednesday", "thursday", "friday",
+    "saturday", "sunday",
+}  # fmt: skip
+
+
+def _dated(text: str) -> bool:
+    """Whether a result holds today's date: its weekday or daylight-saving flag is the clock's."""
+    return date.today().isoformat() in text
+
+
+def _computation(step: _Step, value: float) -> Question:
+    props = step.tool.input_schema.get("properties") or {}
+    kinds = {k: free_text_kind(step.tool, k, props.get(k, {})) for k in step.arguments}
+    expressions = [
+        v for k, v in step.arguments.items() if kinds[k] in ("expression", "expressions")
+    ]
+    if expressions:
+        expr = expressions[0][0] if isinstance(expressions[0], list) else expressions[0]
+        return Question("compute", f"What is {expr}?", _number_answer(value))
+    return Question("compute", f"{_instruction(step)}. What is the result?", _number_answer(value))
+
+
+def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Question]:
+    data = step.result
+    args = _arg_values([step])
+    value = _computed(data, args)
+    if value is not None:
+        return [_computation(step, value)]
+    found = records_questions(data, noun=_noun(step, prefix), whole=_whole(step, data), rng=rng)
+    scope = _scope(step)
+    out = [Question(q.kind, _with_scope(q.text, scope), _rounded(q.answer)) for q in found]
+    if _dated(step.result_text):  # a clock: what follows from today's date changes tomorrow
+        out = [q for q in out if q.answer.lower() not in _DATE_DEPENDENT]
+    fields = [q for q in out if q.kind == "field"]
+    numeric = [q for q in fields if _is_number(q.answer)]
+    if numeric:  # of one object, its numbers are what a call computed (converted_value)
+        out = [q for q in out if q.kind != "field"] + numeric
+    return [q for q in out if answer_problem(q.answer, q.text, args) is None]
+
+
+def _chain_lookup(steps: list[_Step], rng: random.Random) -> list[Question]:
+    """A field of a detail, for an item a listing named: 'What is the price of the product
+    "Desk lamp"?' takes the listing (for its id) and the detail (for the price)."""
+    link = steps[-1].link
+    data = steps[-1].result
+    if link is None or link.item is None or not isinstance(data, dict):
+        return []
+    name = listed_name(link.item, ("name", "title", "label"))
+    if not isinstance(name, str) or not name.strip() or link.value == name:
+        return []  # a tool that takes the name itself needs no listing: no chain to ask about
+    noun = " ".join(name_words(link.noun or "item"))
+    listed = set(link.item)
+    out = []
+    for f, v in data.items():
+        if f in listed or _is_id_name(f) or not isinstance(v, (str, int, float, bool)):
+            continue
+        text = f'What is the {" ".join(name_words(f))} of the {noun} "{name}"?'
+        answer = _number_answer(v) if _is_number(v) else str(v)
+        out.append(Question("chain", _with_scope(text, _scope(steps[0])), answer))
+    return [q for q in out if answer_problem(q.answer, q.text, _arg_values(steps)) is None]
+
+
+def _questions(steps: list[_Step], rng: random.Random, prefix: str | None) -> list[Question]:
     if len(steps) == 1:
-        return 2 if len(steps[0].arguments) >= 3 else 1
+        return _single(steps[0], rng, prefix)
+    if steps[-1].link is not None and steps[-1].link.item is not None:
+        found = _chain_lookup(steps, rng)
+        if found:
+            return found
+    value = _computed(steps[-1].result, _arg_values(steps[-1:]))
+    if value is None:
+        return []
+    return [Question("compute", _task_text(steps, "What is the result?"), _number_answer(value))]
+
+
+def _choose(
+    steps: list[_Step],
+    questions: list[Question],
+    rng: random.Random,
+    seed: int,
+    paths: tuple[str, ...],
+    deduper: Deduper,
+) -> tuple[Scenario | None, str]:
+    """The first new scenario among the questions, kinds in random order (so that lookups do
+    not crowd out the rest); else None and why the last one was turned down."""
+    # kinds in a weighted random order: existence (a yes or no) comes first less often
+    kinds = sorted({q.kind for q in questions})
+    kinds.sort(key=lambda k: -(rng.random() ** (1 / (0.4 if k == "exists" else 1.0))))
+    why = "a duplicate"
+    if leaks_secret(json.dumps([s.arguments for s in steps]), paths):
+        return None, "a secret or a path on this machine in the task"
+    for kind in kinds:
+        same = [q for q in questions if q.kind == kind]
+        rng.shuffle(same)
+        for question in same:
+            scenario = _render(steps, question, seed)
+            if leaks_secret(scenario.task, paths):
+                why = "a secret or a path on this machine in the task"
+            elif not _checkable(scenario):
+                why = "an answer no one could check"
+            elif deduper.add(scenario.task):
+                return scenario, ""
+            else:
+                why = "a duplicate"
+    return None, why
+
+
+def _difficulty(steps: list[_Step], question: Question) -> int:
+    if len(steps) == 1:
+        level = 2 if len(steps[0].arguments) >= 3 else 1
+        return level + (question.kind in ("extreme", "total", "count"))
     distinct = len({s.tool.name for s in steps})
     return min(5, 2 * len(steps) - 1 + (distinct >= 3))
 
 
 def _task_text(steps: list[_Step], question: str) -> str:
     """The calls as a request: First, …. Then …. Finally …, and the question."""
-    if len(steps) == 1:
-        return f"{_instruction(steps[0])}. {question}"
     lines = []
     for i, step in enumerate(steps):
         lead = "First, " if i == 0 else ("Finally, " if i == len(steps) - 1 > 1 else "Then ")
@@ -227,33 +459,41 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:] if text[1:2].islower() else text
 
 
-def _render(steps: list[_Step], rng: random.Random, seed: int) -> Scenario:
-    question, answer = _question(steps[-1].result, rng)
-    text = _task_text(steps, question)
-    numeric = answer is not None and _is_number(answer)
+def _tolerance(answer: str) -> float | None:
+    """Decimals are right to the precision they are written in; integers and text exactly."""
+    if not _is_number(answer) or "." not in answer:
+        return None
+    places = len(answer.split(".")[1])
+    value = abs(float(answer))
+    return 0.5 * 10**-places / value if value else None
+
+
+def _render(steps: list[_Step], question: Question, seed: int) -> Scenario:
     reference = Reference(
-        answer=answer,
-        tolerance=1e-3 if numeric else None,
+        answer=question.answer,
+        tolerance=_tolerance(question.answer),
         calls=[
             ReferenceCall(tool=s.tool.name, arguments=s.arguments, result=s.result_text)
             for s in steps
         ],
     )
-    digest = hashlib.sha256(f"{seed}:{text}".encode()).hexdigest()[:10]
-    tags = ["grounded", *dict.fromkeys(s.tool.name for s in steps)]
+    digest = hashlib.sha256(f"{seed}:{question.text}".encode()).hexdigest()[:10]
+    tags = ["grounded", question.kind, *dict.fromkeys(s.tool.name for s in steps)]
     return Scenario(
         id=f"grounded-{digest}",
-        task=text,
-        difficulty=_difficulty(steps),
+        task=question.text,
+        difficulty=_difficulty(steps, question),
         reference=reference,
         tags=tags,
     )
 
 
-def _is_number(text: str) -> bool:
+def _is_number(text: Any) -> bool:
+    if isinstance(text, bool):
+        return False
     try:
         float(text)
-    except ValueError:
+    except (TypeError, ValueError):
         return False
     return True
 
@@ -263,80 +503,168 @@ def _failed(result: Any) -> bool:
     return bool(result.is_error or looks_like_error(result.text))
 
 
-async def _attempt_chain(
-    server: Any,
-    tools: list[ToolInfo],
-    sampler: SchemaSampler,
-    rng: random.Random,
-    length: int,
-    report: GenerationReport,
-    session_options: dict[str, Any],
-) -> list[_Step]:
-    steps: list[_Step] = []
-    async with open_session(server, **session_options) as session:
-        # A failed call rarely changes state, so the first step may be retried in this session.
-        for _ in range(4):
-            tool = rng.choice(tools)
-            args = sampler.for_tool(tool)
-            result = await session.call_tool(tool.name, args)
-            if not _failed(result):
-                break
-            report.last_error = f"{tool.name}({_fmt(args)[:200]}): {result.text[:300]}"
-            if not result.is_error:
-                report.rejected["an error reported as ordinary text"] += 1
-        else:
-            return []
-        sampler.pool.learn(harvest(result.text))
-        steps.append(_Step(tool, args, result.text))
-        while len(steps) < length:
-            options = [
-                (t, link)
-                for t in tools
-                if t.name != steps[-1].tool.name
-                for link in _links(steps[-1].result, t)
-            ]
-            if not options:
-                break
-            tool, link = rng.choice(options)
-            args = sampler.for_tool(tool, fixed={link.param: link.value})
-            result = await session.call_tool(tool.name, args)
-            if _failed(result):
+def _server_paths(server: Any) -> tuple[str, ...]:
+    """Paths the user gave the server (its command line, its environment): a task may name
+    them; other paths on this machine never appear in a task."""
+    try:
+        spec = ServerSpec.parse(server)
+    except Exception:  # an in-process server or a spec this cannot read: no paths given
+        return ()
+    values = [*spec.command[1:], *(spec.env or {}).values()]
+    return tuple(v for v in values if isinstance(v, str) and v.startswith("/"))
+
+
+def _tool_prefix(tools: list[ToolInfo]) -> str | None:
+    """A first word most tool names share (git_log, git_branch: git), which names no data."""
+    firsts = Counter(name_words(t.name)[0] for t in tools if len(name_words(t.name)) > 1)
+    if not firsts:
+        return None
+    word, n = firsts.most_common(1)[0]
+    return word if n >= max(2, len(tools) // 2) else None
+
+
+class _Generator:
+    """The state of one server's generation: the tools still worth calling, what was learned."""
+
+    def __init__(self, server: Any, tools: list[ToolInfo], rng: random.Random, info: ServerInfo,
+                 report: GenerationReport, session_options: dict[str, Any]) -> None:  # fmt: skip
+        self.server = server
+        self.tools = tools
+        self.rng = rng
+        self.report = report
+        self.options = session_options
+        self.paths = _server_paths(server)
+        self.prefix = _tool_prefix(info.tools)
+        pool = ValuePool.from_server(info)
+        pool.paths = [p for p in self.paths if not p.endswith((".json", ".db", ".sqlite"))]
+        self.sampler = SchemaSampler(rng, pool)
+        self.repeat_checked: set[str] = set()
+
+    def drop(self, tool: ToolInfo, why: str) -> None:
+        if tool in self.tools:
+            self.tools.remove(tool)
+            self.report.meta_tools.append(tool.name)
+            self.report.rejected[why] += 1
+
+    def learn(self, step: _Step) -> None:
+        data = step.result
+        self.sampler.pool.learn(data)
+        words = set(name_words(step.tool.name))
+        sql = (_sql(step) or "").lower()
+        if (
+            "table" in words
+            or "tables" in words
+            or "sqlite_master" in sql
+            or "information_schema" in sql
+        ):
+            for name in _names(data):
+                if name not in self.sampler.pool.tables:
+                    self.sampler.pool.tables.append(name)
+        for v in step.arguments.values():
+            if isinstance(v, str) and v in self.sampler.pool.paths:
+                for name in _names(data):
+                    joined = f"{v.rstrip('/')}/{name}"
+                    if "." in name and joined not in self.sampler.pool.paths:
+                        self.sampler.pool.paths.append(joined)
+
+    async def call(self, session: Any, tool: ToolInfo, args: dict[str, Any]) -> Any:
+        """Call, and drop the tool if its result leaks a secret or changes when repeated."""
+        result = await session.call_tool(tool.name, args)
+        if _failed(result):
+            return result
+        if leaks_secret(result.text, self.paths):
+            self.drop(tool, "results that hold the environment, a secret or a path")
+            return None
+        if tool.name not in self.repeat_checked:
+            self.repeat_checked.add(tool.name)
+            again = await session.call_tool(tool.name, args)
+            if again.text != result.text:
+                self.drop(tool, "results that change with each call (a log, a counter, a clock)")
+                return None
+        return result
+
+    async def chain(self, length: int) -> list[_Step]:
+        steps: list[_Step] = []
+        report, rng = self.report, self.rng
+        async with open_session(self.server, **self.options) as session:
+            # A failed call rarely changes state, so the first step may be retried in this session.
+            for _ in range(4):
+                if not self.tools:
+                    return []
+                tool = rng.choice(self.tools)
+                args = self.sampler.for_tool(tool)
+                result = await self.call(session, tool, args)
+                if result is None:
+                    return []
+                if not _failed(result):
+                    break
+                report.last_error = f"{tool.name}({_fmt(args)[:200]}): {result.text[:300]}"
                 if not result.is_error:
                     report.rejected["an error reported as ordinary text"] += 1
-                break
-            sampler.pool.learn(harvest(result.text))
-            steps.append(_Step(tool, args, result.text, link=(link.param, link.phrase)))
-    return steps
+            else:
+                return []
+            steps.append(_Step(tool, args, result.text, result.structured))
+            self.learn(steps[-1])
+            while len(steps) < length:
+                options = [
+                    (t, link)
+                    for t in self.tools
+                    if t.name != steps[-1].tool.name
+                    for link in _links(steps[-1].result, t)
+                ]
+                if not options:
+                    break
+                tool, link = rng.choice(options)
+                args = self.sampler.for_tool(tool, fixed={link.param: link.value})
+                result = await self.call(session, tool, args)
+                if result is None or _failed(result):
+                    if result is not None and not result.is_error:
+                        report.rejected["an error reported as ordinary text"] += 1
+                    break
+                steps.append(_Step(tool, args, result.text, result.structured, link=link))
+                self.learn(steps[-1])
+        return steps
+
+    async def stable(self, steps: list[_Step]) -> bool:
+        """Whether the calls give the same results again in a fresh session (a reference that
+        holds the current time or a fresh id would mark every later attempt wrong)."""
+        async with open_session(self.server, **self.options) as session:
+            for step in steps:
+                result = await session.call_tool(step.tool.name, step.arguments)
+                if result.is_error or result.text != step.result_text:
+                    return False
+        return True
+
+    async def warm_up(self) -> None:
+        """Call every tool a few times to learn what values the server deals in."""
+        async with open_session(self.server, **self.options) as session:
+            for _ in range(3):
+                for tool in list(self.tools):
+                    args = self.sampler.for_tool(tool)
+                    result = await self.call(session, tool, args)
+                    if result is not None and not _failed(result):
+                        self.learn(_Step(tool, args, result.text, result.structured))
 
 
-async def _stable(server: Any, steps: list[_Step], session_options: dict[str, Any]) -> bool:
-    """Whether the calls give the same results again in a fresh session (a reference that
-    holds the current time or a fresh id would mark every later attempt wrong)."""
-    async with open_session(server, **session_options) as session:
-        for step in steps:
-            result = await session.call_tool(step.tool.name, step.arguments)
-            if result.is_error or result.text != step.result_text:
-                return False
-    return True
-
-
-async def _warm_up(
-    server: Any, tools: list[ToolInfo], sampler: SchemaSampler, session_options: dict[str, Any]
-) -> None:
-    """Call every tool a few times to learn what values the server deals in."""
-    async with open_session(server, **session_options) as session:
-        for _ in range(3):
-            for tool in tools:
-                args = sampler.for_tool(tool)
-                result = await session.call_tool(tool.name, args)
-                if not _failed(result):
-                    sampler.pool.learn(harvest(result.text))
+def _names(data: Any) -> list[str]:
+    """The names a listing gives: plain strings, or the name field of each record."""
+    items = data if isinstance(data, list) else []
+    if isinstance(data, dict):
+        items = next((v for v in data.values() if isinstance(v, list)), [])
+    out = []
+    for item in items:
+        name = listed_name(item, ("name", "table_name", "tbl_name", "title", "path"))
+        if isinstance(name, str) and name and len(name) <= 80:
+            out.append(name)
+    return out
 
 
 def _checkable(scenario: Scenario) -> bool:
-    """Answers a person could check: no astronomically large numbers."""
+    """Answers a person could check: no astronomically large or small numbers."""
     answer = scenario.reference.answer if scenario.reference else None
-    return answer is None or not _is_number(answer) or abs(float(answer)) < 1e9
+    if answer is None or not _is_number(answer):
+        return True
+    return float(answer) == 0 or 1e-3 <= abs(float(answer)) < 1e9
 
 
 async def grounded_scenarios(server: Any, n: int = 24, **options: Any) -> ScenarioSet:
@@ -384,10 +712,20 @@ async def build_grounded(
                 "called; pass --allow-writes (allow_writes=True) to call them, against a "
                 "disposable copy of the server's data"
             )
+    meta = [t for t in tools if is_meta_tool(t)]
+    report.meta_tools = [t.name for t in meta]
+    tools = [t for t in tools if t not in meta]
+    if not tools:
+        raise ScenarioGenerationError(
+            f"{info.name!r} has no tool that reads the user's data: "
+            f"{', '.join(report.meta_tools)} tell about the server or the session (logs, "
+            "echoes, demos, the environment)"
+            + (f", and {', '.join(report.skipped_tools)} may write" if report.skipped_tools else "")
+        )
     rng = random.Random(seed)
-    sampler = SchemaSampler(rng, ValuePool.from_server(info))
+    gen = _Generator(server, tools, rng, info, report, session_options)
     deduper = Deduper(threshold=0.95)
-    await _warm_up(server, tools, sampler, session_options)
+    await gen.warm_up()
     out: list[Scenario] = []
     budget = max_attempts if max_attempts is not None else 12 * n
     give_up = max(24, 2 * n)  # attempts without one working first call: the sampler cannot help
@@ -402,9 +740,7 @@ async def build_grounded(
             if bar is not None:
                 bar.set_postfix_str(_postfix(report), refresh=True)
             length = 1 if rng.random() >= chain_fraction else rng.randint(2, max_steps)
-            steps = await _attempt_chain(
-                server, tools, sampler, rng, length, report, session_options
-            )
+            steps = await gen.chain(length)
             if not steps:
                 report.first_calls_failed += 1
                 if not out and report.first_calls_failed >= give_up:
@@ -412,12 +748,14 @@ async def build_grounded(
                 continue
             if length > 1 and len(steps) == 1 and rng.random() < 0.5:
                 continue  # a chain that could not continue; keep some as single steps
-            scenario = _render(steps, rng, seed)
-            if not _checkable(scenario):
-                report.rejected["an answer no one could check"] += 1
-            elif not deduper.add(scenario.task):
-                report.rejected["a duplicate"] += 1
-            elif not await _stable(server, steps, session_options):
+            questions = _questions(steps, rng, gen.prefix)
+            if not questions:
+                report.rejected["no question a person would ask of the result"] += 1
+                continue
+            scenario, why = _choose(steps, questions, rng, seed, gen.paths, deduper)
+            if scenario is None:
+                report.rejected[why] += 1
+            elif not await gen.stable(steps):
                 report.rejected["results that change between sessions (time, random ids)"] += 1
             else:
                 out.append(scenario)

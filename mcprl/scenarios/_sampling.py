@@ -20,7 +20,16 @@ import rstr
 from mcprl.mcp._inspect import ServerInfo
 from mcprl.mcp._safety import name_words
 
-__all__ = ["SKIP", "SchemaSampler", "ValuePool", "harvest", "listed_name", "singular"]
+__all__ = [
+    "SKIP",
+    "SQL_ROWS",
+    "SchemaSampler",
+    "ValuePool",
+    "free_text_kind",
+    "harvest",
+    "listed_name",
+    "singular",
+]
 
 SKIP = object()  # "leave this optional argument out"
 
@@ -38,6 +47,45 @@ _SMALL_INT_NAMES = {"n", "exponent", "power", "degree", "k", "count", "limit", "
 _PHRASE = re.compile(r"[A-Za-z][A-Za-z .'\-]{2,40}[A-Za-z]")
 
 
+SQL_ROWS = 200  # rows read from a table; a table that fills them is not read whole
+_PATH_WORDS = {"path", "paths", "dir", "directory", "folder", "root", "repo", "repository"}
+_SQL_PARAMS = {"sql", "query", "statement", "sql_query"}
+_SQL_WORDS = re.compile(r"\b(?:SQL|SELECT|sqlite|postgres\w*|mysql|duckdb|database)\b", re.I)
+_EXPRESSION_PARAMS = {"expression", "expr", "formula", "equation", "calculation", "math"}
+_EXPRESSION_WORDS = re.compile(r"\b(?:calculat\w*|evaluat\w*|arithmetic|math\w*)\b", re.I)
+
+
+def free_text_kind(tool: Any, name: str, prop: dict[str, Any]) -> str | None:
+    """ "sql", "expression" or "expressions" (an array of them) for a text parameter that takes
+    one, by its name and the tool's and the parameter's descriptions; else None."""
+    words = set(name_words(name))
+    text = f"{tool.description or ''} {prop.get('description') or ''}"
+    kind = prop.get("type", "string")
+    if (
+        kind == "string"
+        and (words & _SQL_PARAMS or name in _SQL_PARAMS)
+        and _SQL_WORDS.search(text)
+    ):
+        return "sql"
+    singular_words = {singular(w) for w in words}
+    if singular_words & _EXPRESSION_PARAMS and (
+        _EXPRESSION_WORDS.search(text) or words & {"expression", "expressions"}
+    ):
+        if kind == "string" and "enum" not in prop:
+            return "expression"
+        if kind == "array" and (prop.get("items") or {}).get("type", "string") == "string":
+            return "expressions"
+    return None
+
+
+def _vary_numbers(example: str, rng: random.Random) -> str:
+    """An example with other numbers half the time: '5 m to km' gives '37 m to km'."""
+    alone = re.compile(r"(?<![\d:/.\-])\d+(?![\d:/.\-])")  # not a time, a date or a version
+    if rng.random() < 0.5 or not alone.search(example):
+        return example
+    return alone.sub(lambda m: str(rng.randint(2, 120)), example, count=1)
+
+
 def _is_id_name(name: str) -> bool:
     return name == "id" or name.endswith(("_id", "Id"))
 
@@ -51,6 +99,8 @@ class ValuePool:
         self.ids: list[Any] = []
         self.by_key: dict[str, list[Any]] = {}  # scalar values seen under each result key
         self.examples: dict[str, list[str]] = {}  # quoted in any tool's description, by parameter
+        self.tables: list[str] = []  # SQL tables the server showed
+        self.paths: list[str] = []  # paths the user gave the server, and files seen in them
 
     @classmethod
     def from_server(cls, info: ServerInfo) -> ValuePool:
@@ -253,6 +303,19 @@ _FORMATS = {
 }
 
 
+def _from_hint(description: str, rng: random.Random) -> str | None:
+    """A value in the form a description names: "(HH:MM)", "YYYY-MM-DD", "ISO 8601"."""
+    if re.search(r"\bHH:MM:SS\b", description):
+        return f"{rng.randint(6, 21):02d}:{rng.choice([0, 15, 30, 45]):02d}:00"
+    if re.search(r"\bHH:MM\b", description):
+        return f"{rng.randint(6, 21):02d}:{rng.choice([0, 15, 30, 45]):02d}"
+    if re.search(r"\bYYYY-MM-DD\b", description):
+        return f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    if re.search(r"\bISO[ -]?8601\b", description, re.IGNORECASE):
+        return f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T12:00:00Z"
+    return None
+
+
 class SchemaSampler:
     def __init__(self, rng: random.Random, pool: ValuePool, defs: dict[str, Any] | None = None):
         self.rng = rng
@@ -289,8 +352,47 @@ class SchemaSampler:
         return args
 
     def for_tool(self, tool: Any, fixed: dict[str, Any] | None = None) -> dict:
-        """Arguments for a `ToolInfo`: its input schema, with its description's examples."""
+        """Arguments for a `ToolInfo`: its input schema, with its description's examples; a
+        text parameter that takes SQL or an arithmetic expression gets one (`sql_query`,
+        `expression`)."""
+        fixed = dict(fixed or {})
+        props = tool.input_schema.get("properties") or {}
+        shown = _tool_examples(tool)  # a quoted example ('5 m to km') says the form best
+        for name, prop in props.items():
+            if name in fixed or shown.get(name):
+                continue
+            kind = free_text_kind(tool, name, prop)
+            if kind == "sql":
+                fixed[name] = self.sql_query(tool.description)
+            elif kind == "expression":
+                fixed[name] = self.expression()
+            elif kind == "expressions":
+                fixed[name] = [self.expression() for _ in range(self.rng.randint(1, 2))]
         return self.arguments(tool.input_schema, fixed, description=tool.description)
+
+    def expression(self) -> str:
+        """An arithmetic expression a person might ask a calculator for."""
+        r = self.rng.randint
+        forms = [
+            lambda: f"{r(12, 99)} * {r(3, 19)}",
+            lambda: f"{r(100, 999)} + {r(100, 999)}",
+            lambda: f"{r(200, 999)} - {r(10, 199)}",
+            lambda: f"({r(10, 60)} + {r(10, 60)}) * {r(2, 9)}",
+            lambda: f"{r(2, 9) * r(10, 40)} / {r(2, 9)}",
+            lambda: f"{r(2, 5)} ** {r(2, 8)}",
+        ]
+        return self.rng.choice(forms)()
+
+    def sql_query(self, description: str = "") -> str:
+        """A read-only SQL query: the tables first, then whole tables the server listed."""
+        if self.pool.tables and self.rng.random() < 0.85:
+            return f"SELECT * FROM {self.rng.choice(self.pool.tables)} LIMIT {SQL_ROWS}"
+        if "sqlite" in description.lower() or self.rng.random() < 0.5:
+            return "SELECT name FROM sqlite_master WHERE type = 'table'"
+        return (
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema NOT IN ('pg_catalog', 'information_schema')"
+        )
 
     def value(self, schema: dict[str, Any], name: str = "") -> Any:
         schema = self._resolve(schema)
@@ -377,14 +479,21 @@ class SchemaSampler:
             return value
 
     def _plain_string(self, schema: dict[str, Any], name: str) -> str:
+        if self.pool.paths and set(name_words(name)) & _PATH_WORDS:
+            return self.rng.choice(self.pool.paths)
+        if self.pool.tables and "table" in name_words(name):
+            return self.rng.choice(self.pool.tables)
         if _is_id_name(name) and self.pool.ids:
             return str(self.rng.choice(self.pool.ids))
         if isinstance(schema.get("default"), str) and schema["default"]:
             return schema["default"]
         if self.examples.get(name):
-            return self.rng.choice(self.examples[name])
+            return _vary_numbers(self.rng.choice(self.examples[name]), self.rng)
         if schema.get("format") in _FORMATS:
             return _FORMATS[schema["format"]]
+        hinted = _from_hint(str(schema.get("description") or ""), self.rng)
+        if hinted is not None:
+            return hinted
         seen = [v for v in self.pool.observed(name, numeric=False) if isinstance(v, str)]
         if seen and self.rng.random() < (0.9 if name in self.pool.by_key else 0.5):
             return self.rng.choice(seen)

@@ -1,0 +1,300 @@
+"""Questions a person asks of data a tool returned, with the answer read off that data.
+
+    records_questions(parse_result(text), noun="product", whole=True, rng=rng)
+
+From records (a list of objects, anywhere in the result) it asks:
+
+- a lookup: 'What is the price of the product "Desk lamp"?'  (a record named by its name, or by
+  a number for records that have no name: 'What is the status of order 3?');
+- a count: 'How many products are there?', 'How many products have category "lighting"?';
+- an extreme: 'Which product has the lowest stock?'  (only where one record holds it);
+- a total: 'What is the total stock of all products?';
+- existence: 'Is there a product named "Desk lamp"?' (yes, or no for a name faker makes up).
+
+From a list of plain values (branch names, file names) it asks for the count and existence; from
+one object, its fields. Counts, extremes and totals are asked only of a `whole` listing (a call
+that does not filter), since the question does not say how the data was filtered.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from faker import Faker
+
+from mcprl.mcp._safety import name_words
+from mcprl.scenarios._sampling import singular
+from mcprl.scenarios._screen import answer_problem
+
+__all__ = ["Question", "format_number", "plural", "records_questions"]
+
+_NAME_FIELDS = ("name", "title", "label", "key", "filename", "file", "path", "message", "subject")
+_NUMERIC = (int, float)
+_LINKS = {"from", "to", "source", "target", "parent", "child", "type"}  # point at other records
+
+
+@dataclass(frozen=True)
+class Question:
+    kind: str  # lookup, count, extreme, total, exists, field
+    text: str
+    answer: str
+
+
+def plural(noun: str) -> str:
+    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
+        return noun[:-1] + "ies"
+    if noun.endswith(("s", "x", "ch", "sh")):
+        return noun + "es"
+    return noun + "s"
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+
+
+def _exists_text(noun: str, value: str) -> str:
+    if noun == "line":
+        return f'Is there a line that reads "{value}"?'
+    return f'Is there {_a(noun)} named "{value}"?'
+
+
+def format_number(value: float, like: list[Any] | None = None) -> str:
+    """A number as a person writes it, with no more decimals than the values it came from."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    places = max((_places(v) for v in like or [value]), default=0)
+    rounded = round(float(value), places)
+    if rounded.is_integer():
+        return str(int(rounded))
+    return f"{rounded:.{places}f}".rstrip("0").rstrip(".")
+
+
+def _places(value: Any) -> int:
+    try:
+        exponent = Decimal(repr(value) if isinstance(value, float) else str(value)).as_tuple()
+    except InvalidOperation:
+        return 0
+    return max(0, -int(exponent.exponent)) if isinstance(exponent.exponent, int) else 0
+
+
+def _words(field: str) -> str:
+    return " ".join(name_words(field)) or field
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, _NUMERIC) and not isinstance(value, bool)
+
+
+def _answer(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return repr(value)  # rounded where the question is made
+    return str(value).strip()
+
+
+def _idish(field: str) -> bool:
+    words = name_words(field)
+    return bool(words) and (
+        words[-1] in ("id", "uuid", "cid", "pk", "hash", "sha") or field == "_id"
+    )
+
+
+def _record_lists(value: Any, key: str | None = None, depth: int = 0):
+    """(key, list of dicts) for each list of objects in the result, outermost first."""
+    if depth > 4:
+        return
+    if isinstance(value, list) and len(value) >= 1 and all(isinstance(v, dict) for v in value):
+        yield key, value
+        for item in value:
+            for k, v in item.items():
+                yield from _record_lists(v, k, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _record_lists(v, str(k), depth + 1)
+
+
+def _named_by_id(records: list[dict[str, Any]]) -> str | None:
+    """A record whose first field is a hash names its kind there ({"Commit": "668bac…"})."""
+    first = next(iter(records[0]), None)
+    value = records[0].get(first) if first else None
+    if isinstance(value, str) and answer_problem(value, "") == "a random id":
+        return first.lower()
+    return None
+
+
+def _flags(records: list[dict[str, Any]]) -> set[str]:
+    """Fields that hold only 0 and 1 (notnull, pk): flags, not quantities a person asks for."""
+    out = set()
+    for f in _scalars(records[0]):
+        values = [r.get(f) for r in records]
+        if all(v in (0, 1) and not isinstance(v, float) for v in values):
+            out.add(f)
+    return out
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if isinstance(v, (str, int, float, bool)) and v != ""}
+
+
+def _key_field(records: list[dict[str, Any]]) -> str | None:
+    """The field that names each record: a name-like one with a distinct, short value in every
+    record; else any such text field; else a small number (an order's number)."""
+    fields = [f for f in _scalars(records[0]) if all(f in r for r in records)]
+
+    def distinct_text(f: str) -> bool:
+        values = [r[f] for r in records]
+        ok = all(isinstance(v, str) and 0 < len(v) <= 40 for v in values)
+        return ok and len(set(values)) == len(values) and answer_problem(values[0], "") is None
+
+    ranked = [f for f in fields if name_words(f)[-1:] and name_words(f)[-1] in _NAME_FIELDS]
+    ranked += [f for f in fields if f not in ranked and not _idish(f) and f not in _LINKS]
+    for f in ranked:
+        if distinct_text(f):
+            return f
+    for f in fields:
+        values = [r[f] for r in records]
+        small = all(isinstance(v, int) and 0 <= v < 10_000 for v in values)
+        if _idish(f) and small and len(set(values)) == len(values):
+            return f
+    return None
+
+
+def _named(noun: str, record: dict[str, Any], key: str) -> str:
+    value = record[key]
+    return f'the {noun} "{value}"' if isinstance(value, str) else f"{noun} {value}"
+
+
+def records_questions(
+    data: Any, *, noun: str | None, whole: bool, rng: random.Random, said: str = ""
+) -> list[Question]:
+    """Questions about the records and values in `data` (see the module docstring). `said`:
+    words the task already holds, which no answer may repeat."""
+    out: list[Question] = []
+    for key, records in _record_lists(data):
+        thing = singular(key) if key else (_named_by_id(records) or noun or "item")
+        thing = " ".join(name_words(thing)) or "item"
+        out += _about_records(records, thing, whole, rng)
+    if (
+        isinstance(data, list)
+        and len(data) >= 2
+        and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in data)
+    ):
+        out += _about_values(data, noun or "item", whole, rng)
+    if isinstance(data, dict) and not out:
+        out += _about_object(data, noun)
+    return [q for q in out if answer_problem(q.answer, q.text + " " + said) is None]
+
+
+def _about_records(
+    records: list[dict[str, Any]], noun: str, whole: bool, rng: random.Random
+) -> list[Question]:
+    out: list[Question] = []
+    key = _key_field(records)
+    many = plural(noun)
+    if whole and len(records) >= 2:
+        out.append(Question("count", f"How many {many} are there?", str(len(records))))
+    if key is not None:
+        record = rng.choice(records)
+        skip = _flags(records) | _LINKS | {key}
+        fields = [f for f in _scalars(record) if f not in skip and not _idish(f)]
+        for f in fields:
+            text = f"What is the {_words(f)} of {_named(noun, record, key)}?"
+            out.append(Question("lookup", text, _answer(record[f])))
+        if len(records) >= 3 and isinstance(record[key], str):
+            out.append(_exists(records, noun, key, rng))
+    if not whole or len(records) < 2:
+        return out
+    skip = _flags(records) | _LINKS | {key}
+    shared = [f for f in _scalars(records[0]) if all(f in r for r in records) and f not in skip]
+    for f in shared:
+        values = [r[f] for r in records]
+        if _idish(f):
+            continue
+        if all(_is_number(v) for v in values):
+            out += _numeric(records, noun, key, f, values)
+        elif all(isinstance(v, str) for v in values) and len(set(values)) < len(values):
+            value = rng.choice(sorted(set(values)))
+            text = f'How many {many} have {_words(f)} "{value}"?'
+            out.append(Question("count", text, str(values.count(value))))
+    return out
+
+
+def _numeric(
+    records: list[dict[str, Any]], noun: str, key: str | None, field: str, values: list[Any]
+) -> list[Question]:
+    out = []
+    words = _words(field)
+    if key is not None and isinstance(records[0][key], str):
+        for label, pick in (("highest", max), ("lowest", min)):
+            best = pick(values)
+            if values.count(best) == 1:
+                who = records[values.index(best)][key]
+                out.append(Question("extreme", f"Which {noun} has the {label} {words}?", who))
+    if len(set(values)) > 1:
+        total = format_number(sum(values), like=values)
+        out.append(Question("total", f"What is the total {words} of all {plural(noun)}?", total))
+    return out
+
+
+_FAKER = Faker()
+
+
+def _made_up(example: str, rng: random.Random, others: list[str] = ()) -> str:
+    """A value of the same kind as `example` that is not in the data: the start of one name
+    and the end of another ("Desk lamp", "Office chair": "Desk chair"), else faker's."""
+    _FAKER.seed_instance(rng.randrange(2**32))
+    words = example.split()
+    longer = [o.split() for o in others if len(o.split()) >= 2]
+    if len(longer) >= 2 and not all(w[:1].isupper() for w in words):
+        a, b = rng.sample(longer, 2)
+        mixed = " ".join(a[: len(a) // 2] + b[len(b) // 2 :])
+        if mixed not in others:
+            return mixed
+    if len(words) == 2 and all(w[:1].isupper() for w in words):
+        return _FAKER.name()
+    if "." in example and " " not in example:
+        return _FAKER.file_name(extension=example.rsplit(".", 1)[-1])
+    made = _FAKER.word()
+    return made.capitalize() if example[:1].isupper() else made
+
+
+def _exists(records: list[dict[str, Any]], noun: str, key: str, rng: random.Random) -> Question:
+    names = {r[key] for r in records}
+    if rng.random() < 0.5:
+        return Question("exists", _exists_text(noun, rng.choice(sorted(names))), "yes")
+    made = _made_up(str(records[0][key]), rng, sorted(names))
+    while made in names:
+        made += "s"
+    return Question("exists", _exists_text(noun, made), "no")
+
+
+def _about_values(values: list[Any], noun: str, whole: bool, rng: random.Random) -> list[Question]:
+    out = []
+    many = plural(noun)
+    if whole:
+        out.append(Question("count", f"How many {many} are there?", str(len(values))))
+    if len(values) >= 3 and all(isinstance(v, str) for v in values):
+        fake = _made_up(str(values[0]), rng, [str(v) for v in values])
+        named = rng.choice([str(v) for v in values]) if rng.random() < 0.5 else fake
+        answer = "yes" if named in values else "no"
+        out.append(Question("exists", _exists_text(noun, named), answer))
+    return out
+
+
+def _about_object(data: dict[str, Any], noun: str | None) -> list[Question]:
+    """Fields of one object, and of the objects it holds ('the day of week of the target')."""
+    out = []
+    for f, v in _scalars(data).items():
+        if not _idish(f):
+            out.append(Question("field", f"What is the {_words(f)}?", _answer(v)))
+    for part, inner in data.items():
+        if isinstance(inner, dict):
+            for f, v in _scalars(inner).items():
+                if not _idish(f):
+                    text = f"What is the {_words(f)} of the {_words(part)}?"
+                    out.append(Question("field", text, _answer(v)))
+    return out
