@@ -52,7 +52,7 @@ def plural(noun: str) -> str:
 
 
 def _a(noun: str) -> str:
-    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
+    return f"an {noun}" if noun[:1] in "aeio" else f"a {noun}"  # a user, an entry
 
 
 def _exists_text(noun: str, value: str) -> str:
@@ -150,15 +150,20 @@ def _key_field(records: list[dict[str, Any]]) -> str | None:
         ok = all(isinstance(v, str) and 0 < len(v) <= 40 for v in values)
         return ok and len(set(values)) == len(values) and answer_problem(values[0], "") is None
 
-    ranked = [f for f in fields if name_words(f)[-1:] and name_words(f)[-1] in _NAME_FIELDS]
-    ranked += [f for f in fields if f not in ranked and not _idish(f) and f not in _LINKS]
-    for f in ranked:
+    named = [f for f in fields if name_words(f)[-1:] and name_words(f)[-1] in _NAME_FIELDS]
+    for f in named:
         if distinct_text(f):
             return f
     for f in fields:
         values = [r[f] for r in records]
         small = all(isinstance(v, int) and 0 <= v < 10_000 for v in values)
         if _idish(f) and small and len(set(values)) == len(values):
+            return f
+    # another text field names records only where there are enough of them to tell (a status
+    # that differs between two orders does not name them)
+    others = [f for f in fields if f not in named and not _idish(f) and f not in _LINKS]
+    for f in others if len(records) >= 3 else []:
+        if distinct_text(f):
             return f
     return None
 

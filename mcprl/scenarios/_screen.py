@@ -53,7 +53,7 @@ def is_meta_tool(tool: ToolInfo) -> bool:
     if any(pair <= set(words) for pair in _META_PAIRS):
         return True
     hits = set(words) & _META_NAME_WORDS
-    if hits and not (hits <= _META_ALONE and len(words) > 2):
+    if hits and not (hits <= _META_ALONE and len(words) > 1):
         return True
     return bool(_META_DESCRIPTION.search(tool.description or ""))
 

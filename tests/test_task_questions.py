@@ -1,0 +1,190 @@
+"""Practice tasks a person would ask, on servers like third-party ones (tests/servers): questions
+answered by the server's own data, never an echo, a dump, a meta tool's output or a secret."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcprl.mcp import ToolInfo, open_session
+from mcprl.scenarios import build_grounded
+from mcprl.scenarios._parse import parse_result
+from mcprl.scenarios._questions import records_questions
+from mcprl.scenarios._screen import answer_problem, is_meta_tool, leaks_secret
+
+SERVERS = Path(__file__).resolve().parent / "servers"
+PY = sys.executable
+
+PRODUCTS = [
+    {"id": 1, "name": "Desk lamp", "category": "lighting", "price": 24.5, "stock": 12},
+    {"id": 2, "name": "Office chair", "category": "furniture", "price": 149.0, "stock": 4},
+    {"id": 3, "name": "Bookshelf", "category": "furniture", "price": 89.9, "stock": 7},
+]
+
+
+# -- reading results --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[{"name": "a"}]', [{"name": "a"}]),
+        ("[{'name': 'products'}, {'name': 'orders'}]", [{"name": "products"}, {"name": "orders"}]),
+        ("Commit: 1a2b\nAuthor: Ana Silva\n\nCommit: 3c4d\nAuthor: Ben Ode",
+         [{"Commit": "1a2b", "Author": "Ana Silva"}, {"Commit": "3c4d", "Author": "Ben Ode"}]),
+        ("size: 45\nisFile: true", {"size": 45, "isFile": True}),
+        ("  drafts\n* main", ["drafts", "main"]),
+        ("[FILE] a.txt\n[DIR] notes", ["a.txt", "notes"]),
+        ("391", 391),
+        ("The sum of 31 and 25 is 56.", "The sum of 31 and 25 is 56."),
+        ("[FILE] a.txt   41 B\n\nTotal: 1 files", "[FILE] a.txt   41 B\n\nTotal: 1 files"),
+    ],
+)  # fmt: skip
+def test_results_are_read_in_the_forms_servers_write(text, expected):
+    assert parse_result(text) == expected
+
+
+def test_structured_content_is_preferred_and_unwrapped():
+    assert parse_result("ignored", {"result": [1, 2]}) == [1, 2]
+    assert parse_result("a\nb", {"content": "a\nb"}) == ["a", "b"]
+
+
+# -- questions --------------------------------------------------------------------------------
+
+
+def _questions(data, whole=True, seed=0):
+    return records_questions(data, noun="product", whole=whole, rng=random.Random(seed))
+
+
+def test_records_give_lookups_counts_extremes_and_totals_with_true_answers():
+    qs = {q.text: q.answer for q in _questions(PRODUCTS)}
+    assert qs["How many products are there?"] == "3"
+    (counted,) = [t for t in qs if t.startswith('How many products have category "')]
+    category = counted.split('"')[1]
+    assert qs[counted] == str(sum(p["category"] == category for p in PRODUCTS))
+    assert qs["Which product has the lowest stock?"] == "Office chair"
+    assert qs["Which product has the highest price?"] == "Office chair"
+    assert qs["What is the total stock of all products?"] == "23"
+    assert qs["What is the total price of all products?"] == "263.4"  # the data's precision
+    lookups = [t for t in qs if t.startswith("What is the ") and ' of the product "' in t]
+    assert lookups and all("id" not in t.split(" of ")[0] for t in lookups)
+
+
+def test_a_filtered_listing_gets_only_lookups():
+    kinds = {q.kind for q in _questions(PRODUCTS, whole=False)}
+    assert kinds <= {"lookup", "exists"} and "lookup" in kinds
+
+
+def test_records_without_names_are_named_by_their_number_and_ids_are_never_answers():
+    orders = [{"id": 1, "customer": "Maria", "status": "shipped"},
+              {"id": 2, "customer": "Maria", "status": "pending"}]  # fmt: skip
+    qs = records_questions(orders, noun="order", whole=True, rng=random.Random(0))
+    assert any(re.fullmatch(r"What is the status of order [12]\?", q.text) for q in qs)
+    assert all(q.answer not in ("1", "2") or q.kind == "count" for q in qs)
+
+
+def test_existence_asks_both_ways():
+    answers = set()
+    for seed in range(12):
+        answers |= {q.answer for q in _questions(PRODUCTS, seed=seed) if q.kind == "exists"}
+    assert answers == {"yes", "no"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "task", "args", "problem"),
+    [
+        ("Asia/Tokyo", 'With timezone "Asia/Tokyo", what is its timezone?', [], "echo"),
+        ("reading list", "What is it?", ["reading list"], "echo"),
+        ('{"a": 1, "b": [2, 3]}', "What is it?", [], "dump"),
+        ("2026-11-25T22:52:29+00:00", "When?", [], "timestamp"),
+        ("668bacdb36cdacf571e3c16b4d54c30e455a085c", "Which commit?", [], "random id"),
+        ("56", "What is the sum of 31 and 25?", [31, 25], None),
+    ],
+)
+def test_poor_answers_are_named(answer, task, args, problem):
+    found = answer_problem(answer, task, args)
+    assert (found is None) if problem is None else (problem in found)
+
+
+@pytest.mark.parametrize(
+    ("name", "description", "meta"),
+    [
+        ("get_call_log", "Return this server's MCP calls", True),
+        ("echo", "Echoes back the input string", True),
+        ("get-env", "Returns all environment variables", True),
+        ("trigger-long-running-operation", "Demonstrates a long running operation", True),
+        ("get-tiny-image", "Returns a tiny MCP logo image.", True),
+        ("git_log", "Shows the commit logs", False),
+        ("check_notifications", "Unread notifications for a user", False),
+        ("get_users", "List the team's users.", False),
+        ("read_query", "Execute a SELECT query on the SQLite database", False),
+    ],
+)
+def test_meta_tools_are_told_from_data_tools(name, description, meta):
+    tool = ToolInfo(name=name, description=description, input_schema={"type": "object"})
+    assert is_meta_tool(tool) is meta
+
+
+def test_secrets_and_machine_paths_are_recognised(monkeypatch):
+    monkeypatch.setenv("MCPRL_TEST_API_TOKEN", "tok-5e3f0a9c1d")
+    assert leaks_secret("the value is tok-5e3f0a9c1d")
+    assert leaks_secret("sk-abcdefghijklmnopqrstuvwx")
+    assert leaks_secret("HOME=/root\nPATH=/usr/bin\nLANG=C.UTF-8")
+    home = str(Path.home())
+    assert leaks_secret(f"{home}/secret/notes.txt")
+    assert not leaks_secret(f"{home}/data/x.txt", allowed_paths=[f"{home}/data"])
+    assert not leaks_secret("Desk lamp") and not leaks_secret("The sum of 31 and 25 is 56.")
+
+
+# -- on live servers --------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_tracker_gets_questions_about_its_data_and_never_its_call_log(monkeypatch):
+    monkeypatch.setenv("MCPRL_TEST_API_TOKEN", "tok-5e3f0a9c1d")
+    spec = f"{PY} {SERVERS / 'tracker.py'}"
+    scenarios, report = await build_grounded(spec, 8, seed=0)
+    assert report.built == 8
+    assert {"get_call_log", "get_settings"} <= set(report.meta_tools)
+    dumped = scenarios.dumps()
+    assert "tok-5e3f0a9c1d" not in dumped and "PATH=" not in dumped
+    for s in scenarios:
+        tools = {c.tool for c in s.reference.calls}
+        assert tools <= {"get_users", "get_tasks", "check_notifications"}, s.task
+        answer = s.reference.answer
+        assert answer and s.task.endswith("?") and "_" not in s.task, s.task
+        assert answer.lower() not in s.task.lower(), s.task  # never an echo
+        assert len(answer) < 40 and not answer.startswith(("{", "["))
+    kinds = {tag for s in scenarios for tag in s.tags}
+    assert len(kinds & {"lookup", "count", "extreme", "total", "exists"}) >= 3
+    # every answer is what the data says: replay and check one count against the records
+    async with open_session(spec) as session:
+        tasks = json.loads((await session.call_tool("get_tasks", {})).text)["tasks"]
+    for s in scenarios:
+        m = re.fullmatch(r'How many tasks have (\w+(?: \w+)?) "(.+)"\?', s.task)
+        if m:
+            field = m.group(1).replace(" ", "_")
+            assert s.reference.answer == str(sum(t[field] == m.group(2) for t in tasks))
+
+
+@pytest.mark.anyio
+async def test_free_text_expressions_get_arithmetic_and_the_form_a_description_shows():
+    scenarios, report = await build_grounded(f"{PY} {SERVERS / 'calc.py'}", 8, seed=0)
+    assert report.built == 8 and report.first_calls_failed == 0
+    by_tool = {}
+    for s in scenarios:
+        (call,) = s.reference.calls
+        by_tool.setdefault(call.tool, []).append((s, call))
+    assert set(by_tool) == {"calculate", "convert"}
+    for s, call in by_tool["calculate"]:
+        expression = call.arguments["expression"]
+        assert s.task == f"What is {expression}?"
+        assert float(s.reference.answer) == pytest.approx(eval(expression), rel=1e-4)
+    for s, call in by_tool["convert"]:
+        assert re.fullmatch(r"\d+ m to km", call.arguments["expression"])
+        assert s.reference.answer not in s.task
