@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from mcprl.mcp._inspect import ResourceInfo, ServerInfo, ToolInfo, inspect_server, openai_tools
 from mcprl.mcp._results import ResultsAs, ToolResult
-from mcprl.mcp._safety import looks_like_error, tool_access, writing_tools
+from mcprl.mcp._safety import looks_like_error, name_words, tool_access, writing_tools
 from mcprl.mcp._session import MCPSession, open_session
 from mcprl.mcp._spec import EXAMPLE_SERVERS, ServerSpec, example_server_path, load_mcp_config
 
@@ -24,6 +24,7 @@ __all__ = [
     "inspect_server",
     "load_mcp_config",
     "looks_like_error",
+    "name_words",
     "open_session",
     "openai_tools",
     "tool_access",

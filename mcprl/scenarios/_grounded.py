@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import random
 import re
 import time
@@ -26,9 +25,17 @@ from typing import Any
 from mcprl.errors import ScenarioGenerationError
 from mcprl.mcp import ServerInfo, ServerSpec, ToolInfo, inspect_server, open_session
 from mcprl.mcp._safety import looks_like_error, name_words, tool_access
+from mcprl.scenarios._answers import (
+    ANSWER_KEYS,
+    computed_number,
+    is_number,
+    number_answer,
+    rounded,
+    tolerance_for,
+)
 from mcprl.scenarios._dedupe import Deduper
 from mcprl.scenarios._parse import parse_result
-from mcprl.scenarios._questions import Question, format_number, records_questions
+from mcprl.scenarios._questions import Question, records_questions
 from mcprl.scenarios._sampling import (
     SQL_ROWS as _SQL_ROWS,
 )
@@ -46,8 +53,6 @@ from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioS
 __all__ = ["GenerationReport", "build_grounded", "grounded_scenarios"]
 
 logger = logging.getLogger(__name__)
-
-_ANSWER_KEYS = ("value", "result", "count", "total")
 
 
 @dataclass
@@ -139,7 +144,7 @@ def _links_from_dict(result: dict, name: str, kind: Any) -> list[_Link]:
                 out.append(_Link(name, first, f"the first {noun} listed before", item, noun))
     if "id" in result and _is_id_name(name) and kind in ("string", "integer"):
         out.append(_Link(name, result["id"], "the id returned by the previous step"))
-    for key in _ANSWER_KEYS:
+    for key in ANSWER_KEYS:
         value = result.get(key)
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if numeric and kind in ("number", "integer") and name not in ("limit", "n"):
@@ -297,38 +302,6 @@ def _arg_values(steps: list[_Step]) -> list[Any]:
     return out
 
 
-_NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\w)")
-
-
-def _computed(data: Any, arguments: list[Any]) -> float | None:
-    """The number a computation returned: the result itself, or the one number in its text
-    that is not an argument ("The sum of 31 and 25 is 56." -> 56)."""
-    if isinstance(data, list) and len(data) == 1:
-        data = data[0]
-    if isinstance(data, dict):  # {"table": "fruit", "count": 4}: the count
-        data = next((data[k] for k in _ANSWER_KEYS if _is_number(data.get(k))), None)
-    if isinstance(data, (int, float)) and not isinstance(data, bool):
-        return data
-    if not isinstance(data, str) or len(data) > 200:
-        return None
-    given = {float(a) for a in arguments if isinstance(a, (int, float)) and not isinstance(a, bool)}
-    given |= {float(x) for a in arguments if isinstance(a, str) for x in _NUMBER_IN_TEXT.findall(a)}
-    new = [float(x) for x in _NUMBER_IN_TEXT.findall(data) if float(x) not in given]
-    return new[0] if len(new) == 1 else None
-
-
-def _number_answer(value: float) -> str:
-    """At most four decimals, or four significant digits below 1 (0.01393)."""
-    if not isinstance(value, float) or value == 0:
-        return str(value)
-    places = 4 if abs(value) >= 1 else 3 - math.floor(math.log10(abs(value)))
-    return format_number(round(value, places))
-
-
-def _rounded(answer: str) -> str:
-    return _number_answer(float(answer)) if _is_number(answer) and "." in answer else answer
-
-
 _DATE_DEPENDENT = {
     "yes", "no", "true", "false", "monday", "tuesday", "wednesday", "thursday", "friday",
     "saturday", "sunday",
@@ -348,23 +321,23 @@ def _computation(step: _Step, value: float) -> Question:
     ]
     if expressions:
         expr = expressions[0][0] if isinstance(expressions[0], list) else expressions[0]
-        return Question("compute", f"What is {expr}?", _number_answer(value))
-    return Question("compute", f"{_instruction(step)}. What is the result?", _number_answer(value))
+        return Question("compute", f"What is {expr}?", number_answer(value))
+    return Question("compute", f"{_instruction(step)}. What is the result?", number_answer(value))
 
 
 def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Question]:
     data = step.result
     args = _arg_values([step])
-    value = _computed(data, args)
+    value = computed_number(data, args)
     if value is not None:
         return [_computation(step, value)]
     found = records_questions(data, noun=_noun(step, prefix), whole=_whole(step, data), rng=rng)
     scope = _scope(step)
-    out = [Question(q.kind, _with_scope(q.text, scope), _rounded(q.answer)) for q in found]
+    out = [Question(q.kind, _with_scope(q.text, scope), rounded(q.answer)) for q in found]
     if _dated(step.result_text):  # a clock: what follows from today's date changes tomorrow
         out = [q for q in out if q.answer.lower() not in _DATE_DEPENDENT]
     fields = [q for q in out if q.kind == "field"]
-    numeric = [q for q in fields if _is_number(q.answer)]
+    numeric = [q for q in fields if is_number(q.answer)]
     if numeric:  # of one object, its numbers are what a call computed (converted_value)
         out = [q for q in out if q.kind != "field"] + numeric
     return [q for q in out if answer_problem(q.answer, q.text, args) is None]
@@ -387,7 +360,7 @@ def _chain_lookup(steps: list[_Step], rng: random.Random) -> list[Question]:
         if f in listed or _is_id_name(f) or not isinstance(v, (str, int, float, bool)):
             continue
         text = f'What is the {" ".join(name_words(f))} of the {noun} "{name}"?'
-        answer = _number_answer(v) if _is_number(v) else str(v)
+        answer = number_answer(v) if is_number(v) else str(v)
         out.append(Question("chain", _with_scope(text, _scope(steps[0])), answer))
     return [q for q in out if answer_problem(q.answer, q.text, _arg_values(steps)) is None]
 
@@ -399,10 +372,10 @@ def _questions(steps: list[_Step], rng: random.Random, prefix: str | None) -> li
         found = _chain_lookup(steps, rng)
         if found:
             return found
-    value = _computed(steps[-1].result, _arg_values(steps[-1:]))
+    value = computed_number(steps[-1].result, _arg_values(steps[-1:]))
     if value is None:
         return []
-    return [Question("compute", _task_text(steps, "What is the result?"), _number_answer(value))]
+    return [Question("compute", _task_text(steps, "What is the result?"), number_answer(value))]
 
 
 def _choose(
@@ -459,19 +432,10 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:] if text[1:2].islower() else text
 
 
-def _tolerance(answer: str) -> float | None:
-    """Decimals are right to the precision they are written in; integers and text exactly."""
-    if not _is_number(answer) or "." not in answer:
-        return None
-    places = len(answer.split(".")[1])
-    value = abs(float(answer))
-    return 0.5 * 10**-places / value if value else None
-
-
 def _render(steps: list[_Step], question: Question, seed: int) -> Scenario:
     reference = Reference(
         answer=question.answer,
-        tolerance=_tolerance(question.answer),
+        tolerance=tolerance_for(question.answer),
         calls=[
             ReferenceCall(tool=s.tool.name, arguments=s.arguments, result=s.result_text)
             for s in steps
@@ -486,16 +450,6 @@ def _render(steps: list[_Step], question: Question, seed: int) -> Scenario:
         reference=reference,
         tags=tags,
     )
-
-
-def _is_number(text: Any) -> bool:
-    if isinstance(text, bool):
-        return False
-    try:
-        float(text)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def _failed(result: Any) -> bool:
@@ -662,7 +616,7 @@ def _names(data: Any) -> list[str]:
 def _checkable(scenario: Scenario) -> bool:
     """Answers a person could check: no astronomically large or small numbers."""
     answer = scenario.reference.answer if scenario.reference else None
-    if answer is None or not _is_number(answer):
+    if answer is None or not is_number(answer):
         return True
     return float(answer) == 0 or 1e-3 <= abs(float(answer)) < 1e9
 

@@ -18,14 +18,13 @@ that does not filter), since the question does not say how the data was filtered
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from faker import Faker
-
-from mcprl.mcp._safety import name_words
+from mcprl.mcp import name_words
 from mcprl.scenarios._sampling import singular
 from mcprl.scenarios._screen import answer_problem
 
@@ -245,13 +244,18 @@ def _numeric(
     return out
 
 
-_FAKER = Faker()
+@functools.cache
+def _faker() -> Any:
+    from faker import Faker  # loads its providers: only when a name is made up
+
+    return Faker()
 
 
 def _made_up(example: str, rng: random.Random, others: list[str] = ()) -> str:
     """A value of the same kind as `example` that is not in the data: the start of one name
     and the end of another ("Desk lamp", "Office chair": "Desk chair"), else faker's."""
-    _FAKER.seed_instance(rng.randrange(2**32))
+    fake = _faker()
+    fake.seed_instance(rng.randrange(2**32))
     words = example.split()
     longer = [o.split() for o in others if len(o.split()) >= 2]
     if len(longer) >= 2 and not all(w[:1].isupper() for w in words):
@@ -260,10 +264,10 @@ def _made_up(example: str, rng: random.Random, others: list[str] = ()) -> str:
         if mixed not in others:
             return mixed
     if len(words) == 2 and all(w[:1].isupper() for w in words):
-        return _FAKER.name()
+        return fake.name()
     if "." in example and " " not in example:
-        return _FAKER.file_name(extension=example.rsplit(".", 1)[-1])
-    made = _FAKER.word()
+        return fake.file_name(extension=example.rsplit(".", 1)[-1])
+    made = fake.word()
     return made.capitalize() if example[:1].isupper() else made
 
 

@@ -19,8 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mcprl.mcp import ToolInfo
-from mcprl.mcp._safety import name_words
+from mcprl.mcp import ToolInfo, name_words
 
 __all__ = ["answer_problem", "is_meta_tool", "leaks_secret"]
 

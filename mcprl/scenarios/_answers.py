@@ -1,0 +1,77 @@
+"""Answers as numbers and values: read off a result, rounded as a person writes them, and the
+tolerance that their precision implies.
+
+    computed_number("The sum of 31 and 25 is 56.", [31, 25])   -> 56.0
+    number_answer(16.404199475065617)                          -> "16.4042"
+    tolerance_for("16.4042")                                   -> 3.0e-06 (half the last place)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from mcprl.scenarios._questions import format_number
+
+__all__ = [
+    "ANSWER_KEYS",
+    "NUMBER_IN_TEXT",
+    "computed_number",
+    "is_number",
+    "number_answer",
+    "rounded",
+    "tolerance_for",
+]
+
+ANSWER_KEYS = ("value", "result", "count", "total")
+
+NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\w)")
+
+
+def computed_number(data: Any, arguments: list[Any]) -> float | None:
+    """The number a computation returned: the result itself, or the one number in its text
+    that is not an argument ("The sum of 31 and 25 is 56." -> 56)."""
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    if isinstance(data, dict):  # {"table": "fruit", "count": 4}: the count
+        data = next((data[k] for k in ANSWER_KEYS if is_number(data.get(k))), None)
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return data
+    if not isinstance(data, str) or len(data) > 200:
+        return None
+    given = {float(a) for a in arguments if isinstance(a, (int, float)) and not isinstance(a, bool)}
+    given |= {float(x) for a in arguments if isinstance(a, str) for x in NUMBER_IN_TEXT.findall(a)}
+    new = [float(x) for x in NUMBER_IN_TEXT.findall(data) if float(x) not in given]
+    return new[0] if len(new) == 1 else None
+
+
+def number_answer(value: float) -> str:
+    """At most four decimals, or four significant digits below 1 (0.01393)."""
+    if not isinstance(value, float) or value == 0:
+        return str(value)
+    places = 4 if abs(value) >= 1 else 3 - math.floor(math.log10(abs(value)))
+    return format_number(round(value, places))
+
+
+def rounded(answer: str) -> str:
+    return number_answer(float(answer)) if is_number(answer) and "." in answer else answer
+
+
+def tolerance_for(answer: str) -> float | None:
+    """Decimals are right to the precision they are written in; integers and text exactly."""
+    if not is_number(answer) or "." not in answer:
+        return None
+    places = len(answer.split(".")[1])
+    value = abs(float(answer))
+    return 0.5 * 10**-places / value if value else None
+
+
+def is_number(text: Any) -> bool:
+    if isinstance(text, bool):
+        return False
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return False
+    return True
