@@ -126,7 +126,10 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
             if kept:
                 _say(f"  {kept} tasks kept their generated text (the rewrite lost a value)")
             return built
-        return await generate_scenarios(
+        _say(
+            f"  {generator} proposes {args.n} tasks with their calls; checking them on the server …"
+        )
+        made = await generate_scenarios(
             info.tools,
             info.resources,
             n=args.n,
@@ -134,7 +137,15 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
             instructions=args.instructions,
             seed=args.seed,
             api_base=args.api_base,
+            server=args.server,
+            allow_writes=args.allow_writes,
         )
+        verified = sum("verified" in s.tags for s in made)
+        _say(
+            f"  {verified} verified on the server (reference answers from its results); "
+            f"{len(made) - verified} kept without a reference, for RULER (tag 'unverified')"
+        )
+        return made
 
     scenarios = anyio.run(run).with_split(args.val_fraction, seed=args.seed)
     scenarios.save(out)

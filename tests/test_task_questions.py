@@ -188,3 +188,50 @@ async def test_free_text_expressions_get_arithmetic_and_the_form_a_description_s
     for s, call in by_tool["convert"]:
         assert re.fullmatch(r"\d+ m to km", call.arguments["expression"])
         assert s.reference.answer not in s.task
+
+
+# -- an LLM proposes, the server verifies -------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_an_llm_proposes_tasks_with_calls_and_only_verified_ones_get_answers():
+    from mcprl.mcp import inspect_server
+    from mcprl.scenarios import generate_scenarios
+    from tests.helpers import ScriptedJudge
+
+    spec = f"{PY} {SERVERS / 'tracker.py'}"
+    info = await inspect_server(spec)
+    proposals = [
+        ("How many people are on the team?", [("get_users", {})], "count"),
+        ("Which team is Ben Ode in?", [("get_users", {})], "team"),
+        ("How many hours will Migrate database take?", [("get_tasks", {})],
+         "estimate_hours"),
+        ("How many calls has the server seen?", [("get_call_log", {})], "count"),
+        ("Add a task to buy coffee for ana.",
+         [("create_task", {"title": "buy coffee", "assignee": "ana"})], None),
+        ("How many unread notifications does zed have?",
+         [("check_notifications", {"username": "zed"})], "unread"),
+        ("What is the weather in Paris?", [("get_weather", {"city": "Paris"})], "temp"),
+    ]  # fmt: skip
+    reply = json.dumps({"scenarios": [
+        {"task": t, "difficulty": 1, "calls": [{"tool": n, "arguments": a} for n, a in calls],
+         **({"answer_from": hint} if hint else {})}
+        for t, calls, hint in proposals
+    ]})  # fmt: skip
+    made = await generate_scenarios(
+        info.tools, n=len(proposals), generator="t/g", completion_fn=ScriptedJudge(reply),
+        server=spec,
+    )  # fmt: skip
+    by_task = {s.task: s for s in made}
+    expected = {
+        "How many people are on the team?": "4",
+        "Which team is Ben Ode in?": "backend",
+        "How many hours will Migrate database take?": "13",
+    }
+    for task, answer in expected.items():
+        s = by_task[task]
+        assert "verified" in s.tags and s.reference.answer == answer, s
+        assert s.reference.calls[0].result  # the server's own result is recorded
+    for task in set(by_task) - set(expected):  # a meta tool, a write, an error, no such tool
+        s = by_task[task]
+        assert "unverified" in s.tags and s.reference is None, s

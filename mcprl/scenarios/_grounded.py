@@ -23,7 +23,7 @@ from datetime import date
 from typing import Any
 
 from mcprl.errors import ScenarioGenerationError
-from mcprl.mcp import ServerInfo, ServerSpec, ToolInfo, inspect_server, open_session
+from mcprl.mcp import ServerInfo, ToolInfo, inspect_server, open_session
 from mcprl.mcp._safety import looks_like_error, name_words, tool_access
 from mcprl.scenarios._answers import (
     ANSWER_KEYS,
@@ -47,7 +47,7 @@ from mcprl.scenarios._sampling import (
     listed_name,
     singular,
 )
-from mcprl.scenarios._screen import answer_problem, is_meta_tool, leaks_secret
+from mcprl.scenarios._screen import answer_problem, is_meta_tool, leaks_secret, server_paths
 from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
 
 __all__ = ["GenerationReport", "build_grounded", "grounded_scenarios"]
@@ -457,17 +457,6 @@ def _failed(result: Any) -> bool:
     return bool(result.is_error or looks_like_error(result.text))
 
 
-def _server_paths(server: Any) -> tuple[str, ...]:
-    """Paths the user gave the server (its command line, its environment): a task may name
-    them; other paths on this machine never appear in a task."""
-    try:
-        spec = ServerSpec.parse(server)
-    except Exception:  # an in-process server or a spec this cannot read: no paths given
-        return ()
-    values = [*spec.command[1:], *(spec.env or {}).values()]
-    return tuple(v for v in values if isinstance(v, str) and v.startswith("/"))
-
-
 def _tool_prefix(tools: list[ToolInfo]) -> str | None:
     """A first word most tool names share (git_log, git_branch: git), which names no data."""
     firsts = Counter(name_words(t.name)[0] for t in tools if len(name_words(t.name)) > 1)
@@ -487,7 +476,7 @@ class _Generator:
         self.rng = rng
         self.report = report
         self.options = session_options
-        self.paths = _server_paths(server)
+        self.paths = server_paths(server)
         self.prefix = _tool_prefix(info.tools)
         pool = ValuePool.from_server(info)
         pool.paths = [p for p in self.paths if not p.endswith((".json", ".db", ".sqlite"))]

@@ -7,6 +7,12 @@ The LLM answers in JSON (a schema where the provider takes one). Replies are val
 that repeat or nearly repeat earlier ones are dropped; the LLM is asked again for what is still
 missing, up to a bounded number of rounds, and otherwise `ScenarioGenerationError` says how far
 it got and why.
+
+With `server=` the tasks are proposed, then verified: the LLM writes each task together with the
+tool calls it expects and the field of the last result that answers it; mcprl runs those calls
+on the server (`verify_proposal`: reading tools only, unless `allow_writes`), and a task whose
+calls succeed with stable results gets its reference answer from the result (tag "verified").
+The others are kept without a reference, for RULER to score (tag "unverified").
 """
 
 from __future__ import annotations
@@ -14,13 +20,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcprl.errors import ScenarioGenerationError
-from mcprl.mcp._inspect import ResourceInfo, ToolInfo
+from mcprl.mcp import ResourceInfo, ServerInfo, ToolInfo
 from mcprl.scenarios._dedupe import Deduper
-from mcprl.scenarios._types import Scenario, ScenarioSet
+from mcprl.scenarios._screen import server_paths
+from mcprl.scenarios._types import Reference, Scenario, ScenarioSet
+from mcprl.scenarios._verify import verify_proposal
 from ruler import JudgeError, LLMClient, Usage, extract_json
 
 __all__ = ["SCENARIOS_SCHEMA", "generate_scenarios"]
@@ -37,6 +47,18 @@ SCENARIOS_SCHEMA: dict[str, Any] = {
                 "properties": {
                     "task": {"type": "string"},
                     "difficulty": {"type": "integer", "minimum": 1, "maximum": 5},
+                    "calls": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "tool": {"type": "string"},
+                                "arguments": {"type": "object"},
+                            },
+                            "required": ["tool", "arguments"],
+                        },
+                    },
+                    "answer_from": {"type": "string"},
                 },
                 "required": ["task", "difficulty"],
                 "additionalProperties": False,
@@ -62,7 +84,13 @@ Rules for every task:
   results feed each other; 5 needs several different tools combined with some reasoning.
   Spread the difficulties across the whole range.
 
-Reply with JSON only: {"scenarios": [{"task": "...", "difficulty": 1}, ...]}
+For each task also give `calls`: the tool calls that answer it, in order, with their exact
+arguments; and `answer_from`: the field of the last call's result that holds the answer ("count"
+for how many records it returns; leave it out when the result is the answer itself). The calls
+are run to check the task and to record its answer.
+
+Reply with JSON only: {"scenarios": [{"task": "...", "difficulty": 1, "calls": [{"tool": "...",
+"arguments": {...}}], "answer_from": "..."}, ...]}
 """
 
 
@@ -83,7 +111,7 @@ def _is_scenarios(obj: Any) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("scenarios"), list)
 
 
-def _valid_items(obj: Any) -> tuple[list[tuple[str, int]], list[str]]:
+def _valid_items(obj: Any) -> tuple[list[_Item], list[str]]:
     items, problems = [], []
     for n, item in enumerate(obj.get("scenarios", [])):
         if not isinstance(item, dict):
@@ -95,8 +123,19 @@ def _valid_items(obj: Any) -> tuple[list[tuple[str, int]], list[str]]:
         elif isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 5:
             problems.append(f"scenarios[{n}].difficulty must be an integer 1-5, got {level!r}")
         else:
-            items.append((task.strip(), level))
+            calls = item.get("calls")
+            calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+            hint = item.get("answer_from")
+            items.append(_Item(task.strip(), level, calls, hint if isinstance(hint, str) else None))
     return items, problems
+
+
+@dataclass
+class _Item:
+    task: str
+    difficulty: int
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    answer_from: str | None = None
 
 
 async def generate_scenarios(
@@ -110,9 +149,12 @@ async def generate_scenarios(
     max_rounds: int | None = None,
     batch_size: int = 12,
     usage: Usage | None = None,
+    server: Any = None,
+    allow_writes: bool = False,
     **llm_options: Any,
 ) -> ScenarioSet:
-    """Ask an LLM for `n` distinct, valid scenarios (see the module docstring)."""
+    """Ask an LLM for `n` distinct, valid scenarios; with `server`, verify them on it (see the
+    module docstring)."""
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
     if not tools:
@@ -124,13 +166,13 @@ async def generate_scenarios(
     if instructions:
         system += f"\n\nAdditional instructions from the user:\n{instructions.strip()}"
     deduper = Deduper()
-    accepted: list[tuple[str, int]] = []
+    accepted: list[_Item] = []
     problems: list[str] = []
     for round_no in range(rounds):
         want = min(batch_size, n - len(accepted))
         ask = f"Write {want} new tasks."
         if accepted:
-            recent = "\n".join(f"- {t}" for t, _ in accepted[-20:])
+            recent = "\n".join(f"- {item.task}" for item in accepted[-20:])
             ask += f" They must differ from these, already written:\n{recent}"
         request = llm.request(
             [{"role": "system", "content": system}, {"role": "user", "content": ask}],
@@ -150,11 +192,13 @@ async def generate_scenarios(
             logger.info("round %d: unusable reply: %s", round_no + 1, problem)
             continue
         items, problems = _valid_items(obj)
-        fresh = [(t, d) for t, d in items if deduper.add(t)]
+        fresh = [item for item in items if deduper.add(item.task)]
         accepted.extend(fresh[: n - len(accepted)])
         logger.info("round %d: %d new, %d of %d", round_no + 1, len(fresh), len(accepted), n)
         if len(accepted) >= n:
-            return ScenarioSet(_scenario(t, d, seed, llm.model) for t, d in accepted)
+            if server is None:
+                return ScenarioSet(_scenario(i, seed, llm.model) for i in accepted)
+            return await _verified(accepted, server, tools, seed, llm.model, allow_writes)
     why = "; ".join(problems[:3]) or "the replies repeated earlier tasks"
     raise ScenarioGenerationError(
         f"got {len(accepted)} of {n} distinct valid scenarios from {llm.model!r} after "
@@ -168,6 +212,45 @@ def _client(model: str, options: dict[str, Any]) -> LLMClient:
     return LLMClient(model, **options)
 
 
-def _scenario(task: str, difficulty: int, seed: int, model: str) -> Scenario:
-    digest = hashlib.sha256(f"{seed}:{task}".encode()).hexdigest()[:10]
-    return Scenario(id=f"llm-{digest}", task=task, difficulty=difficulty, tags=["llm", model])
+def _scenario(
+    item: _Item, seed: int, model: str, reference: Reference | None = None, mark: str = ""
+) -> Scenario:
+    digest = hashlib.sha256(f"{seed}:{item.task}".encode()).hexdigest()[:10]
+    tags = ["llm", model, *([mark] if mark else [])]
+    return Scenario(
+        id=f"llm-{digest}",
+        task=item.task,
+        difficulty=item.difficulty,
+        reference=reference,
+        tags=tags,
+    )
+
+
+async def _verified(
+    items: list[_Item],
+    server: Any,
+    tools: Sequence[ToolInfo],
+    seed: int,
+    model: str,
+    allow_writes: bool,
+) -> ScenarioSet:
+    info = ServerInfo(name=str(server), tools=list(tools))
+    paths = server_paths(server)
+    out, why = [], Counter()
+    for item in items:
+        reference, problem = await verify_proposal(
+            server, info, item.task, item.calls, item.answer_from,
+            allow_writes=allow_writes, paths=paths,
+        )  # fmt: skip
+        if reference is None:
+            why[problem.split(":")[0].split(" (")[0]] += 1
+            out.append(_scenario(item, seed, model, mark="unverified"))
+        else:
+            out.append(_scenario(item, seed, model, reference, mark="verified"))
+    verified = sum("verified" in s.tags for s in out)
+    logger.info(
+        "verified %d of %d proposed tasks on the server; kept %d without a reference (%s)",
+        verified, len(out), len(out) - verified,
+        "; ".join(f"{n}: {w}" for w, n in why.most_common()) or "none",
+    )  # fmt: skip
+    return ScenarioSet(out)

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mcprl.mcp import ToolInfo, name_words
+from mcprl.mcp import ServerSpec, ToolInfo, name_words
 
-__all__ = ["answer_problem", "is_meta_tool", "leaks_secret"]
+__all__ = ["answer_problem", "is_meta_tool", "leaks_secret", "server_paths"]
 
 _META_NAME_WORDS = {
     "echo", "debug", "logging", "ping", "health", "healthcheck", "version", "env",
@@ -141,3 +141,14 @@ def answer_problem(answer: Any, task: str, arguments: Iterable[Any] = ()) -> str
     if any(_norm(text) == _norm(a) for a in arguments if isinstance(a, (str, int, float))):
         return "an echo of the arguments"
     return None
+
+
+def server_paths(server: Any) -> tuple[str, ...]:
+    """Paths the user gave the server (its command line, its environment): a task may name
+    them; other paths on this machine never appear in a task."""
+    try:
+        spec = ServerSpec.parse(server)
+    except Exception:  # an in-process server or a spec this cannot read: no paths given
+        return ()
+    values = [*spec.command[1:], *(spec.env or {}).values()]
+    return tuple(v for v in values if isinstance(v, str) and v.startswith("/"))

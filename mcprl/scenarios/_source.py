@@ -67,8 +67,11 @@ async def scenarios_for(
     if generator is not None:
         say(f"  writing {n} scenarios with {generator} …")
         made = await generate_scenarios(
-            info.tools, info.resources, n=n, generator=generator, seed=seed
-        )
+            info.tools, info.resources, n=n, generator=generator, seed=seed,
+            server=server, allow_writes=allow_writes,
+        )  # fmt: skip
+        verified = sum("verified" in s.tags for s in made)
+        say(f"  {verified} verified on the server; {len(made) - verified} without a reference")
     else:
         say(f"  no LLM configured: building {n} grounded scenarios on the server …")
         made = await grounded_with_notes(
