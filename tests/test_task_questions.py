@@ -235,3 +235,19 @@ async def test_an_llm_proposes_tasks_with_calls_and_only_verified_ones_get_answe
     for task in set(by_task) - set(expected):  # a meta tool, a write, an error, no such tool
         s = by_task[task]
         assert "unverified" in s.tags and s.reference is None, s
+
+
+@pytest.mark.anyio
+async def test_values_that_only_a_resource_shows_serve_the_tools_and_prompts_are_listed():
+    from mcprl.mcp import inspect_server
+
+    spec = f"{PY} {SERVERS / 'library.py'}"
+    info = await inspect_server(spec)
+    assert [p.name for p in info.prompts] == ["overdue_reminder"]
+    assert info.prompts[0].arguments == ["member_id"]
+    scenarios, report = await build_grounded(spec, 4, seed=0, info=info)
+    assert report.built == 4 and report.first_calls_failed == 0
+    for s in scenarios:
+        (call,) = s.reference.calls
+        assert call.arguments["member_id"] in {"m-1042", "m-2207", "m-3311"}
+        assert s.reference.answer in call.result and s.task.endswith("?")

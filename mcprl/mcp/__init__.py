@@ -5,7 +5,14 @@
 
 from __future__ import annotations
 
-from mcprl.mcp._inspect import ResourceInfo, ServerInfo, ToolInfo, inspect_server, openai_tools
+from mcprl.mcp._inspect import (
+    PromptInfo,
+    ResourceInfo,
+    ServerInfo,
+    ToolInfo,
+    inspect_server,
+    openai_tools,
+)
 from mcprl.mcp._results import ResultsAs, ToolResult
 from mcprl.mcp._safety import looks_like_error, name_words, tool_access, writing_tools
 from mcprl.mcp._session import MCPSession, open_session
@@ -14,6 +21,7 @@ from mcprl.mcp._spec import EXAMPLE_SERVERS, ServerSpec, example_server_path, lo
 __all__ = [
     "EXAMPLE_SERVERS",
     "MCPSession",
+    "PromptInfo",
     "ResourceInfo",
     "ResultsAs",
     "ServerInfo",

@@ -1,4 +1,4 @@
-"""What a server offers, read once: tools (with input schemas), resources, instructions."""
+"""What a server offers, read once: tools (with input schemas), resources, prompts, instructions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from mcprl.errors import MCPServerError
 from mcprl.mcp._session import open_session
 from mcprl.mcp._spec import ServerSpec
 
-__all__ = ["ResourceInfo", "ServerInfo", "ToolInfo", "inspect_server", "openai_tools"]
+__all__ = [
+    "PromptInfo",
+    "ResourceInfo",
+    "ServerInfo",
+    "ToolInfo",
+    "inspect_server",
+    "openai_tools",
+]
 
 
 class ToolInfo(BaseModel):
@@ -29,11 +36,18 @@ class ResourceInfo(BaseModel):
     text: str | None = None  # read when `read_resources` is set and the resource is text
 
 
+class PromptInfo(BaseModel):
+    name: str
+    description: str = ""
+    arguments: list[str] = []
+
+
 class ServerInfo(BaseModel):
     name: str
     instructions: str | None = None
     tools: list[ToolInfo]
     resources: list[ResourceInfo] = []
+    prompts: list[PromptInfo] = []
 
     def tool(self, name: str) -> ToolInfo:
         for t in self.tools:
@@ -78,11 +92,20 @@ async def inspect_server(
                 text = await session.read_resource(str(r.uri))
                 info.text = text[:max_resource_chars]
             resources.append(info)
+        prompts = [
+            PromptInfo(
+                name=p.name,
+                description=p.description or "",
+                arguments=[a.name for a in p.arguments or []],
+            )
+            for p in await session.list_prompts()
+        ]
         return ServerInfo(
             name=session.server_name,
             instructions=session.instructions,
             tools=tools,
             resources=resources,
+            prompts=prompts,
         )
 
 

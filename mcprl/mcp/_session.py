@@ -85,6 +85,13 @@ class MCPSession:
             return []
         return await self._paginate(self._client.list_resources, "resources")
 
+    async def list_prompts(self) -> list[mcp_types.Prompt]:
+        """Every prompt the server lists (none when it has no prompts capability)."""
+        caps = self._client.server_capabilities
+        if caps is not None and caps.prompts is None:
+            return []
+        return await self._paginate(self._client.list_prompts, "prompts")
+
     async def read_resource(self, uri: str) -> str:
         """A resource's text parts joined; binary parts become a placeholder."""
         result = await self._request(lambda: self._client.read_resource(uri), f"reading {uri}")

@@ -17,8 +17,8 @@ from typing import Any
 
 import rstr
 
-from mcprl.mcp._inspect import ServerInfo
-from mcprl.mcp._safety import name_words
+from mcprl.mcp import ServerInfo, name_words
+from mcprl.scenarios._parse import parse_result
 
 __all__ = [
     "SKIP",
@@ -106,8 +106,13 @@ class ValuePool:
     def from_server(cls, info: ServerInfo) -> ValuePool:
         pool = cls()
         for r in info.resources:
-            if r.text:
+            data = parse_result(r.text) if r.text else ""
+            if isinstance(data, (dict, list)):
+                pool.learn(data)  # records: their names and ids are values for the tools
+            elif r.text:
                 pool.add_phrases(re.split(r"[,;:\n]", r.text))
+        for p in info.prompts:  # what the server expects to be asked about
+            pool.add_phrases(re.split(r"[,;:.\n]", p.description))
         for tool in info.tools:
             for name, values in _tool_examples(tool).items():
                 known = pool.examples.setdefault(name, [])
