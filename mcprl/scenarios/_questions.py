@@ -167,6 +167,21 @@ def _key_field(records: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def _counted(field: str) -> bool:
+    """A field that counts things: its last word is a plural (open_tasks, books_on_loan)."""
+    words = name_words(field)
+    return any(w.endswith("s") and not w.endswith(("ss", "us", "is")) and len(w) > 3 for w in words)
+
+
+def _ask(field: str, value: Any, subject: str | None) -> str:
+    """'How many open tasks does the user "Ana" have?' for a count, else 'What is the team of
+    the user "Ana"?'; without a subject, of the thing the call was about."""
+    words = _words(field)
+    if isinstance(value, int) and not isinstance(value, bool) and _counted(field):
+        return f"How many {words} does {subject} have?" if subject else f"How many {words}?"
+    return f"What is the {words} of {subject}?" if subject else f"What is the {words}?"
+
+
 def _named(noun: str, record: dict[str, Any], key: str) -> str:
     value = record[key]
     return f'the {noun} "{value}"' if isinstance(value, str) else f"{noun} {value}"
@@ -206,7 +221,7 @@ def _about_records(
         skip = _flags(records) | _LINKS | {key}
         fields = [f for f in _scalars(record) if f not in skip and not _idish(f)]
         for f in fields:
-            text = f"What is the {_words(f)} of {_named(noun, record, key)}?"
+            text = _ask(f, record[f], _named(noun, record, key))
             out.append(Question("lookup", text, _answer(record[f])))
         if len(records) >= 3 and isinstance(record[key], str):
             out.append(_exists(records, noun, key, rng))
@@ -299,11 +314,11 @@ def _about_object(data: dict[str, Any], noun: str | None) -> list[Question]:
     out = []
     for f, v in _scalars(data).items():
         if not _idish(f):
-            out.append(Question("field", f"What is the {_words(f)}?", _answer(v)))
+            out.append(Question("field", _ask(f, v, None), _answer(v)))
     for part, inner in data.items():
         if isinstance(inner, dict):
             for f, v in _scalars(inner).items():
                 if not _idish(f):
-                    text = f"What is the {_words(f)} of the {_words(part)}?"
+                    text = _ask(f, v, f"the {_words(part)}")
                     out.append(Question("field", text, _answer(v)))
     return out

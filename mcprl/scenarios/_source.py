@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mcprl._defaults import configured_llm
+from mcprl.mcp import writing_tools
 from mcprl.scenarios._grounded import build_grounded
 from mcprl.scenarios._llm import generate_scenarios
 from mcprl.scenarios._types import ScenarioSet, bundled_scenarios
@@ -35,6 +36,12 @@ async def grounded_with_notes(
     """`build_grounded`, saying what was turned down and why, and when fewer than `n` were
     built."""
     say = say or logger.info
+    writers = [t.name for t in writing_tools(info.tools)] if info is not None else []
+    if allow_writes and writers:
+        say(
+            f"  calling tools that may change the server's data ({', '.join(writers)}): run "
+            "this against a disposable copy of it"
+        )
     scenarios, report = await build_grounded(
         server, n, seed=seed, info=info, allow_writes=allow_writes, progress=progress
     )
