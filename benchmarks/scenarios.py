@@ -160,7 +160,6 @@ def run_revision(
     tree: Path | None, n: int, sandbox: Path, tmp: Path, public: bool = False
 ) -> dict[str, dict]:
     import anyio
-
     from public_servers import public_servers
 
     results = {}
