@@ -251,3 +251,18 @@ async def test_values_that_only_a_resource_shows_serve_the_tools_and_prompts_are
         (call,) = s.reference.calls
         assert call.arguments["member_id"] in {"m-1042", "m-2207", "m-3311"}
         assert s.reference.answer in call.result and s.task.endswith("?")
+
+
+def test_a_computation_reads_as_the_question_its_description_implies():
+    from mcprl.scenarios._grounded import _computation, _Step
+
+    tool = ToolInfo(name="get-sum", description="Returns the sum of two numbers.",
+                    input_schema={"type": "object"})  # fmt: skip
+    question = _computation(_Step(tool, {"a": 31, "b": 25}, "The sum of 31 and 25 is 56."), 56)
+    assert (question.text, question.answer) == ("What is the sum of 31 and 25?", "56")
+
+
+def test_a_tally_of_values_is_not_asked_as_fields():
+    tally = {"genres": {"adventure": 9, "fantasy": 4, "mystery": 7, "romance": 3}}
+    texts = [q.text for q in records_questions(tally, noun=None, whole=True, rng=random.Random(0))]
+    assert not any("adventure" in t for t in texts)

@@ -35,11 +35,9 @@ from mcprl.scenarios._answers import (
 )
 from mcprl.scenarios._dedupe import Deduper
 from mcprl.scenarios._parse import parse_result
-from mcprl.scenarios._questions import Question, records_questions
+from mcprl.scenarios._questions import Question, ask_field, records_questions
 from mcprl.scenarios._sampling import (
-    SQL_ROWS as _SQL_ROWS,
-)
-from mcprl.scenarios._sampling import (
+    SQL_ROWS,
     SchemaSampler,
     ValuePool,
     _is_id_name,
@@ -274,7 +272,7 @@ def _whole(step: _Step, data: Any) -> bool:
     sql = _sql(step)
     if sql is not None:
         rows = len(data) if isinstance(data, list) else 0
-        return not re.search(r"\bWHERE\b", sql, re.IGNORECASE) and rows < _SQL_ROWS
+        return not re.search(r"\bWHERE\b", sql, re.IGNORECASE) and rows < SQL_ROWS
     return not any(_is_filter(k) for k in step.arguments)
 
 
@@ -322,7 +320,26 @@ def _computation(step: _Step, value: float) -> Question:
     if expressions:
         expr = expressions[0][0] if isinstance(expressions[0], list) else expressions[0]
         return Question("compute", f"What is {expr}?", number_answer(value))
+    asked = _of_numbers(step)
+    if asked:
+        return Question("compute", asked, number_answer(value))
     return Question("compute", f"{_instruction(step)}. What is the result?", number_answer(value))
+
+
+_OF_NUMBERS = re.compile(
+    r"^(?:returns?|computes?|calculates?|gets?|finds?)\s+(the\s+[a-z]+(?:\s+[a-z]+)?)\s+of\s+"
+    r"(?:two|the\s+two|the\s+given|given)?\s*(?:numbers|values|integers)\b",
+    re.IGNORECASE,
+)
+
+
+def _of_numbers(step: _Step) -> str | None:
+    """ "Returns the sum of two numbers" with a = 31, b = 25: "What is the sum of 31 and 25?"."""
+    m = _OF_NUMBERS.match(_sentence(step.tool.description))
+    values = list(step.arguments.values())
+    if not m or len(values) != 2 or not all(is_number(v) for v in values):
+        return None
+    return f"What is {m.group(1).lower()} of {_fmt(values[0])} and {_fmt(values[1])}?"
 
 
 def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Question]:
@@ -359,7 +376,7 @@ def _chain_lookup(steps: list[_Step], rng: random.Random) -> list[Question]:
     for f, v in data.items():
         if f in listed or _is_id_name(f) or not isinstance(v, (str, int, float, bool)):
             continue
-        text = f'What is the {" ".join(name_words(f))} of the {noun} "{name}"?'
+        text = ask_field(f, v, f'the {noun} "{name}"')
         answer = number_answer(v) if is_number(v) else str(v)
         out.append(Question("chain", _with_scope(text, _scope(steps[0])), answer))
     return [q for q in out if answer_problem(q.answer, q.text, _arg_values(steps)) is None]

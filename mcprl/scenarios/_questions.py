@@ -28,7 +28,7 @@ from mcprl.mcp import name_words
 from mcprl.scenarios._sampling import singular
 from mcprl.scenarios._screen import answer_problem
 
-__all__ = ["Question", "format_number", "plural", "records_questions"]
+__all__ = ["Question", "ask_field", "format_number", "plural", "records_questions"]
 
 _NAME_FIELDS = ("name", "title", "label", "key", "filename", "file", "path", "message", "subject")
 _NUMERIC = (int, float)
@@ -173,7 +173,7 @@ def _counted(field: str) -> bool:
     return any(w.endswith("s") and not w.endswith(("ss", "us", "is")) and len(w) > 3 for w in words)
 
 
-def _ask(field: str, value: Any, subject: str | None) -> str:
+def ask_field(field: str, value: Any, subject: str | None) -> str:
     """'How many open tasks does the user "Ana" have?' for a count, else 'What is the team of
     the user "Ana"?'; without a subject, of the thing the call was about."""
     words = _words(field)
@@ -221,7 +221,7 @@ def _about_records(
         skip = _flags(records) | _LINKS | {key}
         fields = [f for f in _scalars(record) if f not in skip and not _idish(f)]
         for f in fields:
-            text = _ask(f, record[f], _named(noun, record, key))
+            text = ask_field(f, record[f], _named(noun, record, key))
             out.append(Question("lookup", text, _answer(record[f])))
         if len(records) >= 3 and isinstance(record[key], str):
             out.append(_exists(records, noun, key, rng))
@@ -314,11 +314,16 @@ def _about_object(data: dict[str, Any], noun: str | None) -> list[Question]:
     out = []
     for f, v in _scalars(data).items():
         if not _idish(f):
-            out.append(Question("field", _ask(f, v, None), _answer(v)))
+            out.append(Question("field", ask_field(f, v, None), _answer(v)))
     for part, inner in data.items():
-        if isinstance(inner, dict):
+        tally = (
+            len(inner) >= 4 and all(_is_number(v) for v in inner.values())
+            if isinstance(inner, dict)
+            else False
+        )  # {"adventure": 9, "fantasy": 4, …}: its keys are data
+        if isinstance(inner, dict) and not tally:
             for f, v in _scalars(inner).items():
                 if not _idish(f):
-                    text = _ask(f, v, f"the {_words(part)}")
+                    text = ask_field(f, v, f"the {_words(part)}")
                     out.append(Question("field", text, _answer(v)))
     return out
