@@ -266,3 +266,27 @@ def test_a_tally_of_values_is_not_asked_as_fields():
     tally = {"genres": {"adventure": 9, "fantasy": 4, "mystery": 7, "romance": 3}}
     texts = [q.text for q in records_questions(tally, noun=None, whole=True, rng=random.Random(0))]
     assert not any("adventure" in t for t in texts)
+
+
+@pytest.mark.anyio
+async def test_a_sql_tool_gets_queries_built_from_the_tables_the_server_reports():
+    import ast
+    import sqlite3
+
+    sys.path.insert(0, str(SERVERS))
+    from shopdb import ROWS
+
+    db = sqlite3.connect(":memory:")
+    db.executescript(ROWS)
+    scenarios, report = await build_grounded(f"{PY} {SERVERS / 'shopdb.py'}", 8, seed=0)
+    assert report.built == 8 and report.skipped_tools == ["write_query"]
+    queried = [s for s in scenarios if s.reference.calls[-1].tool == "read_query"]
+    assert queried
+    for s in queried:
+        sql = s.reference.calls[-1].arguments["query"]
+        table = re.fullmatch(r"SELECT \* FROM (products|orders) LIMIT \d+", sql).group(1)
+        rows = ast.literal_eval(s.reference.calls[-1].result)
+        assert len(rows) == db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        assert table.rstrip("s") in s.task  # "How many products …", "… the order …"
+        if s.task == f"How many {table} are there?":
+            assert s.reference.answer == str(len(rows))
