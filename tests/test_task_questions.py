@@ -290,3 +290,34 @@ async def test_a_sql_tool_gets_queries_built_from_the_tables_the_server_reports(
         assert table.rstrip("s") in s.task  # "How many products …", "… the order …"
         if s.task == f"How many {table} are there?":
             assert s.reference.answer == str(len(rows))
+
+
+def test_what_a_clock_says_about_today_is_never_an_answer():
+    from datetime import date, timedelta
+
+    from mcprl.scenarios._grounded import _dated
+
+    tomorrow = (date.today() + timedelta(days=1)).isoformat()  # today, in Tokyo
+    assert _dated(f'{{"datetime": "{tomorrow}T08:51:00+09:00", "is_dst": false}}')
+    assert not _dated('{"datetime": "2024-03-09T09:15:00+00:00"}')
+
+
+def test_counts_of_failures_are_not_questions():
+    result = {"results": [{"value": 3}], "summary": {"failed_conversions": 1, "total": 1}}
+    texts = [q.text for q in records_questions(result, noun=None, whole=True, rng=random.Random(0))]
+    assert not any("failed" in t for t in texts)
+
+
+def test_objects_inside_arrays_keep_the_tool_definitions():
+    from mcprl.scenarios._sampling import SchemaSampler, ValuePool
+
+    schema = {
+        "type": "object",
+        "$defs": {"Req": {"type": "object", "properties": {
+            "value": {"type": "number"}, "unit": {"enum": ["m", "km"]}},
+            "required": ["value", "unit"]}},
+        "properties": {"requests": {"type": "array", "items": {"$ref": "#/$defs/Req"}}},
+        "required": ["requests"],
+    }  # fmt: skip
+    args = SchemaSampler(random.Random(0), ValuePool()).arguments(schema)
+    assert args["requests"] and all(r["unit"] in ("m", "km") for r in args["requests"])

@@ -19,7 +19,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 from typing import Any
 
 from mcprl.errors import ScenarioGenerationError
@@ -307,8 +307,10 @@ _DATE_DEPENDENT = {
 
 
 def _dated(text: str) -> bool:
-    """Whether a result holds today's date: its weekday or daylight-saving flag is the clock's."""
-    return date.today().isoformat() in text
+    """Whether a result holds today's date (within a day: another time zone's today): its
+    weekday or daylight-saving flag is the clock's."""
+    today = date.today()
+    return any((today + timedelta(days=d)).isoformat() in text for d in (-1, 0, 1))
 
 
 def _computation(step: _Step, value: float) -> Question:

@@ -33,6 +33,8 @@ __all__ = ["Question", "ask_field", "format_number", "plural", "records_question
 _NAME_FIELDS = ("name", "title", "label", "key", "filename", "file", "path", "message", "subject")
 _NUMERIC = (int, float)
 _LINKS = {"from", "to", "source", "target", "parent", "child", "type"}  # point at other records
+# a count of failures says how the generator's own call went, not what the data holds
+_FAILURES = {"failed", "failure", "failures", "error", "errors", "warning", "warnings"}
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,12 @@ def _idish(field: str) -> bool:
 
 
 def _record_lists(value: Any, key: str | None = None, depth: int = 0):
-    """(key, list of dicts) for each list of objects in the result, outermost first."""
+    """(key, list of dicts) for each list of objects in the result, outermost first; not the
+    lists inside a record (a folder's `children`: a question could not say whose)."""
     if depth > 4:
         return
     if isinstance(value, list) and len(value) >= 1 and all(isinstance(v, dict) for v in value):
         yield key, value
-        for item in value:
-            for k, v in item.items():
-                yield from _record_lists(v, k, depth + 1)
     elif isinstance(value, dict):
         for k, v in value.items():
             yield from _record_lists(v, str(k), depth + 1)
@@ -136,7 +136,11 @@ def _flags(records: list[dict[str, Any]]) -> set[str]:
 
 
 def _scalars(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in record.items() if isinstance(v, (str, int, float, bool)) and v != ""}
+    return {
+        k: v
+        for k, v in record.items()
+        if isinstance(v, (str, int, float, bool)) and v != "" and not set(name_words(k)) & _FAILURES
+    }
 
 
 def _key_field(records: list[dict[str, Any]]) -> str | None:

@@ -329,17 +329,23 @@ class SchemaSampler:
         self.examples: dict[str, list[str]] = {}  # from the tool's description, per parameter
 
     def arguments(
-        self, schema: dict[str, Any], fixed: dict[str, Any] | None = None, description: str = ""
+        self,
+        schema: dict[str, Any],
+        fixed: dict[str, Any] | None = None,
+        description: str = "",
+        nested: bool = False,
     ) -> dict:
         """Arguments for a tool's input schema; `fixed` ones are used as given. Examples quoted
         in the tool's `description` or a parameter's own are preferred for strings, then those
-        other tools give for parameters of the same kind."""
-        self.defs = schema.get("$defs", schema.get("definitions", {}))
-        own = _examples(schema, description)
-        self.examples = {
-            name: list(dict.fromkeys(own.get(name, []) + self.pool.examples_for(name)))
-            for name in schema.get("properties") or {}
-        }
+        other tools give for parameters of the same kind. `nested`: an object inside the
+        arguments, which keeps the tool's `$defs` and examples."""
+        if not nested:
+            self.defs = schema.get("$defs", schema.get("definitions", {}))
+            own = _examples(schema, description)
+            self.examples = {
+                name: list(dict.fromkeys(own.get(name, []) + self.pool.examples_for(name)))
+                for name in schema.get("properties") or {}
+            }
         required = set(schema.get("required", []))
         args = dict(fixed or {})
         for name, prop in (schema.get("properties") or {}).items():
@@ -421,7 +427,7 @@ class SchemaSampler:
         if kind == "array":
             return self._array(schema, name)
         if kind == "object":
-            return self.arguments(schema)
+            return self.arguments(schema, nested=True)
         return self._string(schema, name)
 
     def _resolve(self, schema: dict[str, Any]) -> dict[str, Any]:
