@@ -26,7 +26,8 @@ __all__ = [
 
 ANSWER_KEYS = ("value", "result", "count", "total")
 
-NUMBER_IN_TEXT = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.]*\w)")
+# a number standing alone: not part of a time (04:30), a date (2024-06-01) or a word
+NUMBER_IN_TEXT = re.compile(r"(?<![\w.:/-])-?\d+(?:\.\d+)?(?![\w.]*\w)(?![:/-]\d)")
 
 
 def computed_number(data: Any, arguments: list[Any]) -> float | None:

@@ -210,6 +210,16 @@ def _imperative(sentence: str) -> str:
 def _instruction(step: _Step) -> str:
     link = step.link
     parts = [_given(k, v) for k, v in step.arguments.items() if not link or k != link.param]
+    props = step.tool.input_schema.get("properties") or {}
+    # a default the call relied on is part of the task ("the n-th root of x" states n)
+    parts += [
+        _given(k, p["default"])
+        for k, p in props.items()
+        if k not in step.arguments
+        and isinstance(p.get("default"), (int, float, str))
+        and not isinstance(p.get("default"), bool)
+        and p.get("default") != ""
+    ]
     text = _imperative(_sentence(step.tool.description))
     if parts:
         text += f", with {_listed(parts)}"
@@ -349,7 +359,15 @@ def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Questio
     args = _arg_values([step])
     value = computed_number(data, args)
     if value is not None:
-        return [_computation(step, value)]
+        question = _computation(step, value)
+        if isinstance(data, dict) and is_number(data.get("count")):
+            question = Question("count", question.text.replace("What is the result?",
+                                "How many are there?"), question.answer)  # fmt: skip
+        return [question]
+    if isinstance(data, str) and 0 < len(data.split()) <= 4 and "\n" not in data.strip():
+        short = Question("compute", f"{_instruction(step)}. What is the result?", data.strip())
+        if answer_problem(short.answer, short.text, args) is None:
+            return [short]  # "04:30": a short text that answers the call
     found = records_questions(data, noun=_noun(step, prefix), whole=_whole(step, data), rng=rng)
     scope = _scope(step)
     out = [Question(q.kind, _with_scope(q.text, scope), rounded(q.answer)) for q in found]
