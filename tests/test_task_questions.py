@@ -321,3 +321,14 @@ def test_objects_inside_arrays_keep_the_tool_definitions():
     }  # fmt: skip
     args = SchemaSampler(random.Random(0), ValuePool()).arguments(schema)
     assert args["requests"] and all(r["unit"] in ("m", "km") for r in args["requests"])
+
+
+@pytest.mark.parametrize(
+    ("text", "answers"),
+    [("04:30", True), ("Staged changes:", False), ("No matches found", False),
+     ("The sum of 31 and 25 is 56. Thanks for asking!", False)],
+)  # fmt: skip
+def test_a_short_text_answers_its_call_unless_it_is_a_header_or_nothing(text, answers):
+    from mcprl.scenarios._grounded import _short_answer
+
+    assert _short_answer(text) is answers

@@ -323,6 +323,19 @@ def _dated(text: str) -> bool:
     return any((today + timedelta(days=d)).isoformat() in text for d in (-1, 0, 1))
 
 
+_NOTHING = re.compile(r"^(?:no|none|nothing|empty|n/a)\b", re.IGNORECASE)
+
+
+def _short_answer(data: Any) -> bool:
+    """A short text that answers a call ("04:30"), not a header ("Staged changes:") or a
+    report of nothing found ("No matches found")."""
+    if not isinstance(data, str):
+        return False
+    text = data.strip()
+    short = 0 < len(text.split()) <= 4 and "\n" not in text
+    return short and not text.endswith(":") and not _NOTHING.match(text)
+
+
 def _computation(step: _Step, value: float) -> Question:
     props = step.tool.input_schema.get("properties") or {}
     kinds = {k: free_text_kind(step.tool, k, props.get(k, {})) for k in step.arguments}
@@ -364,7 +377,7 @@ def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Questio
             question = Question("count", question.text.replace("What is the result?",
                                 "How many are there?"), question.answer)  # fmt: skip
         return [question]
-    if isinstance(data, str) and 0 < len(data.split()) <= 4 and "\n" not in data.strip():
+    if _short_answer(data):
         short = Question("compute", f"{_instruction(step)}. What is the result?", data.strip())
         if answer_problem(short.answer, short.text, args) is None:
             return [short]  # "04:30": a short text that answers the call

@@ -174,7 +174,8 @@ def _key_field(records: list[dict[str, Any]]) -> str | None:
 def _counted(field: str) -> bool:
     """A field that counts things: its last word is a plural (open_tasks, books_on_loan)."""
     words = name_words(field)
-    return any(w.endswith("s") and not w.endswith(("ss", "us", "is")) and len(w) > 3 for w in words)
+    plural = [w for w in words if w.endswith("s") and not w.endswith(("ss", "us", "is"))]
+    return len(words) >= 2 and any(len(w) > 3 for w in plural)  # not "permissions" alone
 
 
 def ask_field(field: str, value: Any, subject: str | None) -> str:
