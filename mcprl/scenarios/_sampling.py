@@ -10,7 +10,6 @@ out, as a user would.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from typing import Any
@@ -26,7 +25,6 @@ __all__ = [
     "SchemaSampler",
     "ValuePool",
     "free_text_kind",
-    "harvest",
     "listed_name",
     "singular",
 ]
@@ -224,14 +222,6 @@ def _walk(value: Any, key: str | None = None):
     elif isinstance(value, list):
         for v in value:
             yield from _walk(v, key)
-
-
-def harvest(text: str) -> Any:
-    """A tool result's text as JSON where it is JSON, else the text."""
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        return text
 
 
 _QUOTED = re.compile(r"""['"`]([^'"`\n]{1,80})['"`]""")
