@@ -30,15 +30,25 @@ def checkout(rev: str) -> Iterator[Path]:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
 
 
-def peak_gflops(dtype: torch.dtype, n: int = 2048, seconds: float = 2.0) -> float:
-    """Sustained GFLOP/s of an n x n matrix product in `dtype` on this machine."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def peak_gflops(
+    dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, device: str = "cpu"
+) -> float:
+    """Sustained GFLOP/s of an n x n matrix product in `dtype` on `device` (on a GPU, 8192 x
+    8192: a 2048 product is too small to reach its peak)."""
+    cuda = device.startswith("cuda")
+    n = max(n, 8192) if cuda else n
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
     for _ in range(3):
         a @ b
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         a @ b
         count += 1
+        if cuda and count % 10 == 0:
+            torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     return 2 * n**3 * count / (time.perf_counter() - start) / 1e9
 
 
@@ -58,9 +68,10 @@ def describe_machine() -> str:
     fp32 = peak_gflops(torch.float32, seconds=1.0)
     bf16 = peak_gflops(torch.bfloat16, n=2048 if native else 256, seconds=1.0)
     emulated = "" if native else " (emulated: no avx512_bf16/amx_bf16)"
+    gpu = f"; GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     return (
         f"{cpu}, {os.cpu_count()} cores; matmul peak fp32 {fp32:.0f}, bf16 {bf16:.1f}{emulated}"
-        " GFLOP/s"
+        f" GFLOP/s{gpu}"
     )
 
 

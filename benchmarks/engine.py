@@ -1,6 +1,7 @@
 """Generation throughput of mcprl's server against named baselines, side by side.
 
     python benchmarks/engine.py [--tokens 64] [--concurrency 1 8 32] [--dtypes bfloat16 float32]
+                                [--device auto|cpu|cuda] [--profile TOKENS]
     python benchmarks/engine.py --agent [--compare REV] [--device cuda]
 
 `--agent`: the rollouts of a training step instead of synthetic requests: 16 concurrent
@@ -14,6 +15,8 @@ For each dtype, on the same model (SmolLM2-135M-Instruct) and the same chat prom
 
 - baseline "generate per request": transformers' `model.generate` called once per request, one
   request after another (what a simple serving loop does);
+- baseline "batched generate": one `model.generate` call on all the requests of a cell,
+  left-padded into one batch (HF's offline batching; the ratio to it is the last speed column);
 - "mcprl server": requests sent concurrently through the official `openai` client to mcprl's
   in-process OpenAI-compatible server (dynamic batching);
 - "transformers serve (CB)": `transformers serve --continuous-batching`, if it runs here (it
@@ -47,7 +50,7 @@ sys.path.insert(len(sys.path) if "PYTHONPATH" in os.environ else 0, str(ROOT))
 
 from _machine import checkout, default_dtypes, peak_gflops  # noqa: E402
 
-from mcprl.serving import LocalServer, load_model, resolve_model  # noqa: E402
+from mcprl.serving import LocalServer, load_model, pick_device, resolve_model  # noqa: E402
 from mcprl.serving._chat import render_prompt  # noqa: E402
 from tests.helpers import free_port  # noqa: E402
 
@@ -75,24 +78,61 @@ def median_run(runs: list[Run]) -> Run:
     return sorted(runs, key=lambda r: r[2] / r[0])[len(runs) // 2]
 
 
-def bench_generate(loaded, k: int, tokens: int) -> Run:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _generate(loaded, batch: list[list[int]], tokens: int) -> None:
+    """transformers' `generate` on `batch` (left-padded), exactly `tokens` new tokens each."""
     model, tok = loaded.model, loaded.tokenizer
-    total_prompt, start = 0, time.perf_counter()
-    for text in prompts_for(k):
-        ids = torch.tensor([render_prompt(tok, [{"role": "user", "content": text}], None)])
-        total_prompt += ids.shape[1]
-        with torch.inference_mode():
-            model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=tokens,
-                min_new_tokens=tokens,
-                do_sample=True,
-                temperature=1.0,
-                top_p=1.0,
-                pad_token_id=tok.eos_token_id,
-            )
-    return time.perf_counter() - start, total_prompt, k * tokens
+    width = max(len(p) for p in batch)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    device = model.device
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+    with torch.inference_mode():
+        model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            pad_token_id=pad,
+        )
+
+
+def _prompt_ids(loaded, k: int) -> list[list[int]]:
+    return [
+        render_prompt(loaded.tokenizer, [{"role": "user", "content": text}], None)
+        for text in prompts_for(k)
+    ]
+
+
+def bench_generate(loaded, k: int, tokens: int) -> Run:
+    """Baseline: `generate` once per request, one request after another."""
+    prompts = _prompt_ids(loaded, k)
+    device = str(loaded.model.device)
+    _sync(device)
+    start = time.perf_counter()
+    for ids in prompts:
+        _generate(loaded, [ids], tokens)
+    _sync(device)
+    return time.perf_counter() - start, sum(map(len, prompts)), k * tokens
+
+
+def bench_batched_generate(loaded, k: int, tokens: int) -> Run:
+    """Baseline: one `generate` call on all k requests, left-padded into one batch (what HF
+    offers for offline batches; it cannot take requests that arrive later)."""
+    prompts = _prompt_ids(loaded, k)
+    device = str(loaded.model.device)
+    _sync(device)
+    start = time.perf_counter()
+    _generate(loaded, prompts, tokens)
+    _sync(device)
+    return time.perf_counter() - start, sum(map(len, prompts)), k * tokens
 
 
 async def _fire(
@@ -240,7 +280,10 @@ def main() -> None:
     p.add_argument("--compare", metavar="REV", help="--agent: also run mcprl at this revision")
     p.add_argument("--attempts", type=int, default=4, help="--agent: attempts per scenario")
     p.add_argument("--scenarios", type=int, default=4, help="--agent: scenarios")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default="auto", help="auto (a GPU where present), cpu or cuda")
+    p.add_argument("--profile", type=int, default=0, metavar="TOKENS",
+                   help="also profile the server's decode steps (torch.profiler) at the highest "
+                   "concurrency, TOKENS tokens a request")  # fmt: skip
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--dtypes", nargs="+", default=default_dtypes())
@@ -256,40 +299,50 @@ def main() -> None:
     if args.agent:
         agent_main(args)
         return
-    params = sum(t.numel() for t in load_model(MODEL, dtype="float32").model.parameters())
+    device = pick_device(args.device)
+    params = sum(t.numel() for t in load_model(MODEL, "float32", "cpu").model.parameters())
+    gpu = f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; model {MODEL} ({params / 1e6:.0f}M parameters)"
+        f"{torch.get_num_threads()} threads; device {device}{gpu}; model {MODEL} "
+        f"({params / 1e6:.0f}M parameters)"
     )
-    peaks = {d: peak_gflops(getattr(torch, d)) for d in args.dtypes}
+    peaks = {d: peak_gflops(getattr(torch, d), device=device) for d in args.dtypes}
     for d, g in peaks.items():
         print(f"peak matmul ({d}, 2048x2048): {g:.0f} GFLOP/s")
     print(f"\n{args.tokens} tokens per request; median of {args.repeats} runs per cell.\n")
     print(
         "| dtype | system | concurrent requests | tokens/s | vs generate | "
-        "achieved GFLOP/s | of peak |"
+        "vs batched generate | achieved GFLOP/s | of peak |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 
-    def row(dtype: str, system: str, k: int, run: Run, base: float | None) -> float:
+    def row(dtype: str, system: str, k: int, run: Run, base: float | None,
+            batched: float | None = None) -> float:  # fmt: skip
         seconds, prompt_tokens, completion_tokens = run
         rate = completion_tokens / seconds
         flops = 2 * params * (prompt_tokens + completion_tokens) / seconds / 1e9
         ratio = f"{rate / base:.1f}x" if base else "1.0x"
+        vs_batched = f"{rate / batched:.2f}x" if batched else ""
         print(
-            f"| {dtype} | {system} | {k} | {rate:.1f} | {ratio} | {flops:.1f} | "
+            f"| {dtype} | {system} | {k} | {rate:.1f} | {ratio} | {vs_batched} | {flops:.1f} | "
             f"{flops / peaks[dtype]:.1%} |",
             flush=True,
         )
         return rate
 
     for dtype in args.dtypes:
-        loaded = load_model(MODEL, dtype=dtype)
+        loaded = load_model(MODEL, dtype=dtype, device=device)
         bench_generate(loaded, 1, 8)  # warm up
         runs = [bench_generate(loaded, 4, args.tokens) for _ in range(args.repeats)]
         base = row(dtype, "generate per request", 1, median_run(runs), None)
+        batched = {}
+        for k in args.concurrency:
+            bench_batched_generate(loaded, k, 8)  # warm up this batch shape
+            runs = [bench_batched_generate(loaded, k, args.tokens) for _ in range(args.repeats)]
+            batched[k] = row(dtype, "batched generate", k, median_run(runs), base)
         del loaded
-        with LocalServer(MODEL, dtype=dtype) as server:
+        with LocalServer(MODEL, dtype=dtype, device=device) as server:
             url, key = server.base_url, server.api_key
             asyncio.run(_fire(url, MODEL, 8, 8, {"ignore_eos": True}, key))  # warm up
             for k in args.concurrency:
@@ -297,14 +350,55 @@ def main() -> None:
                     asyncio.run(_fire(url, MODEL, k, args.tokens, {"ignore_eos": True}, key))
                     for _ in range(args.repeats)
                 ]
-                row(dtype, "mcprl server", k, median_run(runs), base)
+                row(dtype, "mcprl server", k, median_run(runs), base, batched[k])
+            if args.profile:
+                try:
+                    profile_steps(server, max(args.concurrency), args.profile, device)
+                except Exception as exc:  # the throughput table stands without it
+                    print(f"profile failed: {type(exc).__name__}: {exc}")
         if not args.skip_transformers_serve:
             result = bench_transformers_serve(dtype, args.concurrency, args.tokens, args.repeats)
             if isinstance(result, str):
-                print(f"| {dtype} | transformers serve (CB) | - | {result} | | | |")
+                print(f"| {dtype} | transformers serve (CB) | - | {result} | | | | |")
             else:
                 for k, run in result.items():
-                    row(dtype, "transformers serve (CB)", k, run, base)
+                    row(dtype, "transformers serve (CB)", k, run, base, batched.get(k))
+
+
+def profile_steps(server, k: int, tokens: int, device: str) -> None:
+    """torch.profiler over k concurrent requests of `tokens` tokens on a running server: the
+    engine's decode steps, what each costs on the host and on the device, and its host syncs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    url, key, engine = server.base_url, server.api_key, server.engine
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    before = dict(engine.stats)
+    # the profiler records the thread that starts it: start and stop it on the engine's thread
+    prof = profile(activities=activities)
+    engine.run_exclusive(prof.__enter__)
+    start = time.perf_counter()
+    asyncio.run(_fire(url, MODEL, k, tokens, {"ignore_eos": True}, key))
+    seconds = time.perf_counter() - start
+    engine.run_exclusive(lambda: prof.__exit__(None, None, None))
+    steps = engine.stats["steps"] - before["steps"]
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events if e.device_type.name != "CPU")
+    kernels = sum(e.count for e in events if e.device_type.name != "CPU")
+    syncs = {
+        e.key: e.count
+        for e in events
+        if any(s in e.key for s in ("Synchronize", "aten::item", "_local_scalar_dense", "Memcpy"))
+    }
+    print(
+        f"\nprofile: {k} requests x {tokens} tokens on {device}: {steps} decode steps, "
+        f"{seconds / max(steps, 1) * 1e3:.1f} ms wall a step, device busy "
+        f"{device_us / 1e6 / seconds:.0%} of the wall time, {kernels / max(steps, 1):.0f} device "
+        f"ops a step; host syncs and copies: {syncs}"
+    )
+    sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    print(events.table(sort_by=sort, row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":

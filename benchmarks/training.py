@@ -2,6 +2,7 @@
 
     pip install trl          # the baseline; not a dependency of mcprl
     python benchmarks/training.py [--sequences 8] [--prompt 256] [--completion 128] [--steps 4]
+                                  [--device auto|cpu|cuda]
 
 Both train the same LoRA (r=8, alpha=16, every attention and MLP projection) on SmolLM2-135M,
 on the same batch: --sequences sequences of --prompt prompt tokens and --completion completion
@@ -80,11 +81,16 @@ def _group(args, vocab: int):
     )
 
 
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def run_mcprl(args, dtype: str) -> list[float]:
     from mcprl.serving import resolve_model
     from mcprl.training import LoraTrainer, TrainConfig
 
-    trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
+    trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype, device=args.device)
     group = _group(args, trainer.model.config.vocab_size)
     # the whole batch in one micro-batch, as TRL runs it; with --shared, the trainer's default
     # micro-batches, as `mcprl train` runs it (24 agent prompts in one pass do not fit in memory)
@@ -98,6 +104,7 @@ def run_mcprl(args, dtype: str) -> list[float]:
     for _ in range(args.steps + 1):
         start = time.perf_counter()
         trainer.step([group], config)
+        _sync(args.device)
         times.append(time.perf_counter() - start)
     return times[1:]
 
@@ -111,7 +118,7 @@ def run_trl(args, dtype: str) -> list[float]:
     from mcprl.serving import resolve_model
 
     path = resolve_model(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(
         model, LoraConfig(r=8, lora_alpha=16, target_modules=targets, task_type="CAUSAL_LM")
@@ -126,7 +133,7 @@ def run_trl(args, dtype: str) -> list[float]:
             beta=0.0,
             learning_rate=1e-5,
             bf16=dtype == "bfloat16",
-            use_cpu=True,
+            use_cpu=args.device == "cpu",
             report_to=[],
             logging_steps=10**6,
             save_strategy="no",
@@ -152,6 +159,7 @@ def run_trl(args, dtype: str) -> list[float]:
             "old_per_token_logps": torch.full(completion.shape, -2.0),
             "num_items_in_batch": torch.tensor(float(completion.numel())),
         }
+        inputs = {k: v.to(args.device) for k, v in inputs.items()}
         times = []
         for _ in range(args.steps + 1):
             start = time.perf_counter()
@@ -160,6 +168,7 @@ def run_trl(args, dtype: str) -> list[float]:
             trainer.accelerator.backward(loss)
             trainer.optimizer.step()
             trainer.optimizer.zero_grad()
+            _sync(args.device)
             times.append(time.perf_counter() - start)
         return times[1:]
 
@@ -171,7 +180,8 @@ def child(args) -> None:
     # VmHWM, not ru_maxrss: the latter keeps the parent's high-water mark across fork + exec.
     status = Path("/proc/self/status").read_text()
     peak_mb = int(next(x for x in status.splitlines() if x.startswith("VmHWM")).split()[1]) / 1024
-    print(json.dumps({"median_s": statistics.median(times), "peak_mb": peak_mb}))
+    gpu_mb = torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else None
+    print(json.dumps({"median_s": statistics.median(times), "peak_mb": peak_mb, "gpu_mb": gpu_mb}))
 
 
 def gradient_agreement(args) -> float:
@@ -182,7 +192,7 @@ def gradient_agreement(args) -> float:
     grads = []
     for dtype in ("float32", "bfloat16"):
         torch.manual_seed(0)
-        trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype)
+        trainer = LoraTrainer(resolve_model(MODEL), dtype=dtype, device=args.device)
         group = _group(args, trainer.model.config.vocab_size)
         config = TrainConfig(learning_rate=1e-12, max_grad_norm=None, share_prefix=False)
         trainer.step([group], config)
@@ -201,7 +211,11 @@ def main() -> None:
     p.add_argument("--shared", type=int, default=0, help="prompt tokens all sequences share")
     p.add_argument("--child", choices=["mcprl", "mcprl-shared", "trl"])
     p.add_argument("--dtype")
+    p.add_argument("--device", default="auto", help="auto (a GPU where present), cpu or cuda")
     args = p.parse_args()
+    from mcprl.serving import pick_device
+
+    args.device = pick_device(args.device)
     if args.child:
         child(args)
         return
@@ -215,7 +229,9 @@ def main() -> None:
         f"{args.sequences} x ({args.prompt} prompt + {args.completion} completion) = {tokens} "
         f"tokens; median of {args.steps} steps"
     )
-    peaks = {d: peak_gflops(getattr(torch, d)) for d in args.dtypes}
+    if args.device.startswith("cuda"):
+        print(f"device: {torch.cuda.get_device_name()}")
+    peaks = {d: peak_gflops(getattr(torch, d), device=args.device) for d in args.dtypes}
     print("peak matmul: " + ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in peaks.items()))
     systems = ("mcprl", "mcprl-shared") if args.shared else ("trl", "mcprl")
     names = {
@@ -227,9 +243,9 @@ def main() -> None:
         cosine = gradient_agreement(args)
         print(f"bfloat16 vs float32 gradient of the mcprl trainer: cosine {cosine:.4f}")
     base = systems[0]
-    print(f"\n| dtype | trainer | tokens/s | vs {names[base]} | peak RSS (MB) | model GFLOP/s "
-          "| of peak |")  # fmt: skip
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"\n| dtype | trainer | tokens/s | vs {names[base]} | peak RSS (MB) | peak GPU (MB) "
+          "| model GFLOP/s | of peak |")  # fmt: skip
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for dtype in args.dtypes:
         rates = {}
         for system in systems:
@@ -250,19 +266,22 @@ def main() -> None:
                 str(args.steps),
                 "--shared",
                 str(args.shared),
+                "--device",
+                args.device,
             ]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
-                print(f"| {dtype} | {system} | failed: {out.stderr.strip()[-200:]} | | | | |")
+                print(f"| {dtype} | {system} | failed: {out.stderr.strip()[-300:]} | | | | | |")
                 continue
             result = json.loads(out.stdout.strip().splitlines()[-1])
             rate = tokens / result["median_s"]
             rates[system] = rate
             flops = 6 * params * rate / 1e9
             ratio = f"{rate / rates[base]:.2f}x" if base in rates else "-"
+            gpu = f"{result['gpu_mb']:.0f}" if result.get("gpu_mb") else "-"
             print(
                 f"| {dtype} | {names[system]} | {rate:.0f} | {ratio} | {result['peak_mb']:.0f} | "
-                f"{flops:.1f} | {flops / peaks[dtype]:.1%} |",
+                f"{gpu} | {flops:.1f} | {flops / peaks[dtype]:.1%} |",
                 flush=True,
             )
 
