@@ -7,7 +7,8 @@
 #
 # Logs and results go to OUT_DIR (engine.log, tests.log, training.log, learning.log,
 # learning.json, history.jsonl). A stage that runs out of time is cut off and the next one runs.
-# Limits (seconds) can be set by ENGINE_S, TESTS_S, TRAINING_S and LEARNING_S.
+# Limits (seconds) can be set by ENGINE_S, TESTS_S, TRAINING_S and LEARNING_S; LEARNING_ARGS adds
+# flags to benchmarks/learning.py (for example "--seeds 2").
 set -u
 out=${1:?usage: gpu.sh OUT_DIR [STAGE...]}
 shift
@@ -34,7 +35,7 @@ for stage in $stages; do
             --skip-transformers-serve --profile 32
         ;;
     tests)
-        run tests "${TESTS_S:-150}" "$py" -m pytest -q -x -p no:cacheprovider \
+        run tests "${TESTS_S:-150}" "$py" -m pytest -q -p no:cacheprovider \
             tests/test_cuda.py tests/test_engine.py tests/test_training.py
         ;;
     training)
@@ -43,7 +44,7 @@ for stage in $stages; do
         ;;
     learning)
         run learning "${LEARNING_S:-300}" "$py" benchmarks/learning.py \
-            --path /tmp/mcprl-learning --out "$out/learning.json"
+            --path /tmp/mcprl-learning --out "$out/learning.json" ${LEARNING_ARGS:-}
         cp /tmp/mcprl-learning/learning.log "$out/learning-cli.log" 2>/dev/null
         cp /tmp/mcprl-learning/learning/default/history.jsonl "$out/" 2>/dev/null
         ;;

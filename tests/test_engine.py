@@ -294,7 +294,7 @@ def test_an_adapter_is_served_as_peft_computes_it(engine, tmp_path):
         (base,) = engine.generate_blocking(prompt, params)
     finally:
         engine.unload_adapter("same@1")
-    peft_model = PeftModel.from_pretrained(load_model(MODEL, dtype="float32").model, path)
+    peft_model = PeftModel.from_pretrained(load_model(MODEL, "float32", "cpu").model, path)
     ids = torch.tensor([prompt + served.token_ids])
     with torch.inference_mode():
         logits = peft_model(input_ids=ids).logits[0, len(prompt) - 1 : -1]

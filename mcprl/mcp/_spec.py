@@ -54,6 +54,10 @@ class ServerSpec(BaseModel):
         if text.startswith("example:"):
             name = text.removeprefix("example:")
             path = example_server_path(name)
+            # it runs on mcprl's own interpreter, so it imports from where mcprl imports (the
+            # SDK starts a stdio server with a minimal environment, which drops PYTHONPATH)
+            own = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+            env = {**own, **(env or {})} or None
             return cls(transport="stdio", name=name, command=(sys.executable, str(path)), env=env)
         file_part, _, entry = text.partition("#")
         if file_part.endswith(".json") and (Path(file_part).is_file() or entry):
