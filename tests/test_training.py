@@ -258,7 +258,7 @@ def base_path():
 def _on_policy_group(trainer: LoraTrainer, prompt: list[int], completions, rewards):
     trajectories = []
     for tokens, reward in zip(completions, rewards, strict=True):
-        ids = torch.tensor([prompt + tokens])
+        ids = torch.tensor([prompt + tokens], device=trainer.device)
         with torch.no_grad():
             lp = trainer.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt) - 1 :]
         trajectories.append(
@@ -273,7 +273,7 @@ def _on_policy_group(trainer: LoraTrainer, prompt: list[int], completions, rewar
 
 
 def _sequence_logprob(trainer, prompt, tokens) -> float:
-    ids = torch.tensor([prompt + tokens])
+    ids = torch.tensor([prompt + tokens], device=trainer.device)
     with torch.no_grad():
         return float(trainer.token_logprobs(ids, torch.ones_like(ids))[0, len(prompt) - 1 :].sum())
 
@@ -598,7 +598,11 @@ def test_a_process_killed_mid_step_resumes_from_its_last_checkpoint(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(KILL_SCRIPT))
     runs = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
     proc = subprocess.Popen(
         [sys.executable, str(script), str(runs), "5"], stdout=subprocess.PIPE, text=True, env=env
     )
