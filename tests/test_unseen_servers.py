@@ -135,6 +135,20 @@ async def test_a_server_that_needs_a_variable_says_so_and_starts_with_it(tmp_pat
         ServerSpec.parse("A=1 B=2")
 
 
+def test_an_example_server_imports_from_where_mcprl_imports(monkeypatch, tmp_path):
+    """The SDK starts a stdio server with a minimal environment; an example server runs on
+    mcprl's own interpreter, so packages installed on PYTHONPATH must reach it too."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    spec = ServerSpec.parse("example:calculator")
+    assert spec.env == {"PYTHONPATH": str(tmp_path)}
+    assert ServerSpec.parse("example:calculator", env={"X": "1"}).env == {
+        "PYTHONPATH": str(tmp_path),
+        "X": "1",
+    }
+    monkeypatch.delenv("PYTHONPATH")
+    assert ServerSpec.parse("example:calculator").env is None
+
+
 async def test_errors_worded_as_text_are_never_references():
     scenarios, report = await build_grounded(f"{PY} {SERVERS / 'sqlish.py'}", 4, seed=0)
     assert report.skipped_tools == ["query"]  # free-text SQL may write
