@@ -24,6 +24,7 @@ import anyio
 from mcprl.gather import gather_groups
 from mcprl.mcp import MCPSession, ServerSpec, open_session
 from mcprl.mcp._inspect import tool_annotations
+from mcprl.model import policy_client
 from mcprl.rewards import is_success
 from mcprl.rollout import RolloutConfig, rollout
 from mcprl.scenarios import Scenario
@@ -63,7 +64,7 @@ async def collect_groups(
     """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order.
     `first_tools[i]`: the tools that scenario i's first attempts must call first, one each
     (`RolloutConfig.first_tool`); the other attempts choose freely."""
-    async with model.openai_client() as client, attempt_server(server, config) as server:
+    async with policy_client(model) as client, attempt_server(server, config) as server:
 
         def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
             update: dict[str, Any] = {"seed": seed + (i * attempts + a) * SEED_STRIDE}

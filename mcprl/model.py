@@ -10,7 +10,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
     from mcprl.training import TrainConfig
     from mcprl.types import TrajectoryGroup
 
-__all__ = ["LiteLLMModel", "Model", "TrainableModel"]
+__all__ = ["LiteLLMModel", "Model", "TrainableModel", "policy_client"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -246,3 +248,16 @@ class TrainableModel(BaseModel):
     ) -> list[int]:
         """Delete all checkpoints but the latest, the one served, and the best by a metric."""
         return await self._need_backend().delete_checkpoints(self, keep_last, keep_best_by)
+
+
+@contextlib.asynccontextmanager
+async def policy_client(model: Any) -> AsyncIterator[Any]:
+    """The client that reaches `model`, for the length of the block. Whoever opens a client owns
+    it: a `TrainableModel`'s shared client (ART's `openai_client()`) belongs to the model and
+    stays open for the attempts still using it; any other model's client is made here and
+    closed here."""
+    if isinstance(model, TrainableModel):
+        yield model.openai_client()
+        return
+    async with model.openai_client() as client:
+        yield client

@@ -48,6 +48,7 @@ from pydantic import BaseModel, Field
 from mcprl.errors import PreflightError
 from mcprl.gather import note_turn
 from mcprl.mcp import MCPSession, ResultsAs, ToolInfo, open_session, openai_tools
+from mcprl.model import TrainableModel, policy_client
 from mcprl.scenarios import Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
 from mcprl.types import Trajectory
@@ -208,10 +209,11 @@ async def rollout(
     """One attempt at `scenario` by `model` (a `Model` or `TrainableModel`) on `server`.
 
     With `server=None` the attempt is a single reply to the task, without tools (AutoRL).
-    Pass `client` to share one OpenAI client across attempts; otherwise one is made and closed.
+    Pass `client` to share one OpenAI client across attempts; otherwise `policy_client` gives
+    one (a trainable model's shared client is left open: other attempts may be using it).
     """
     if client is None:
-        async with model.openai_client() as own:
+        async with policy_client(model) as own:
             return await rollout(model, scenario, server, config, client=own)
     config = config or RolloutConfig()
     if server is None:
@@ -375,8 +377,6 @@ def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
 
 
 def _trainable(model: Any) -> bool:
-    from mcprl.model import TrainableModel
-
     return isinstance(model, TrainableModel)
 
 

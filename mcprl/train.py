@@ -59,7 +59,7 @@ from mcprl.collect import (
 from mcprl.curriculum import Informative, Sampling, ScenarioSampler, is_informative
 from mcprl.errors import JudgeFailedError, PreflightError
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
-from mcprl.model import TrainableModel
+from mcprl.model import TrainableModel, policy_client
 from mcprl.rewards import ReferenceReward, RewardFn, as_scorer, scorer
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet
@@ -396,7 +396,7 @@ class TrainingRun:
             last_step=start,
             target_steps=config.steps,
         )
-        async with self.model.openai_client() as client:  # trainable replies, or stop now
+        async with policy_client(self.model) as client:  # trainable replies, or stop now
             await check_token_data(client, self.model.served_name)
         # the settings of this start, for the report and for whoever reruns it
         await self.backend.write_file(

@@ -642,3 +642,42 @@ async def test_an_endpoint_that_rejects_allowed_tools_gets_an_error_naming_the_s
     config = RolloutConfig(max_turns=2, look_before_answer=False)
     t = await rollout(MODEL, SCENARIO, calculator, config, client=Rejects())
     assert t.metrics["completed"] == 1
+
+
+async def test_attempts_sharing_a_trainable_models_client_leave_it_open(tmp_path):
+    """ART's loop calls `rollout(model, ...)` on a TrainableModel, whose `openai_client()` is
+    shared: the first attempt to end must not close it under the others (it did, and the rest
+    failed with APIConnectionError)."""
+    import threading
+    import time
+
+    from mcprl import TrainableModel
+    from tests.fakes import FakeBackend
+
+    arrivals = count()
+    lock = threading.Lock()
+
+    def respond(body):
+        with lock:
+            k = next(arrivals)
+        time.sleep(0.05 * k)  # attempts end one after another, the others still waiting
+        return 200, chat_completion("The answer is 42.", body["model"])
+
+    with LocalChatServer(respond) as chat:
+        model = TrainableModel(name="agent", project="p")
+        await model.register(FakeBackend(tmp_path, chat.base_url))
+        done = []
+
+        async def attempt() -> None:
+            done.append(await rollout(model, SCENARIO, None))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(attempt)
+        client = model.openai_client()
+        assert len(done) == 4 and all(t.messages[-1]["role"] == "assistant" for t in done)
+        assert not client.is_closed()
+        # a plain model's client is the attempt's own, and closed with it
+        plain = Model(name="agent@0", base_url=chat.base_url, api_key="x")
+        trajectory = await rollout(plain, SCENARIO, None)
+        assert "42" in trajectory.messages[-1]["content"]
