@@ -965,8 +965,43 @@ async def _export_remote(args: argparse.Namespace) -> Path:
     return await export_run(backend, model, Path(args.path) / project / name)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flags are exact: `--step 3` is refused, not taken as `--steps 3` (argparse's prefix
+    matching). An unknown flag is reported with its own command's usage and the nearest flag."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        action = super().add_subparsers(**kwargs)
+        self.commands = action.choices
+        return action
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = self.commands.get(getattr(parsed, "command", None) or "", self)
+            command.error(_unrecognized(command, extra))
+        return parsed
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
+    import difflib
+
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for word in extra:
+        if word.startswith("-"):
+            near = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+            if near:
+                return f"{message} (did you mean {near[0]}?)"
+    return message
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="mcprl",
         description="Train open models to use any MCP server's tools. "
         "For judging groups of trajectories, see the `ruler` command.",

@@ -127,10 +127,15 @@ async def score_file(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ruler", description="RULER: relative LLM-judge scoring.")
+    # flags are exact: no prefix matching (`--judg` is an error, not `--judge`)
+    p = argparse.ArgumentParser(
+        prog="ruler", description="RULER: relative LLM-judge scoring.", allow_abbrev=False
+    )
     p.add_argument("--version", action="version", version=f"ruler {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("score", help="score groups of trajectories from a JSONL file")
+    s = sub.add_parser(
+        "score", help="score groups of trajectories from a JSONL file", allow_abbrev=False
+    )
     s.add_argument("input", type=Path, help="JSON Lines file, one group per line")
     s.add_argument("--judge", required=True, help="LiteLLM model string, e.g. openai/gpt-4.1-mini")
     s.add_argument("--rubric", type=Path, help="text file with the rubric (default: built-in)")

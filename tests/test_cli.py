@@ -105,3 +105,15 @@ def test_training_flags_reach_the_train_config():
         _run_config(_parser().parse_args(["train", "example:calculator"])).train.positive_weight
         == 1.0
     )
+
+
+@pytest.mark.parametrize("flag", ["--step", "--stepz"])
+def test_a_flag_is_exact_and_a_wrong_one_gets_its_commands_usage(flag, capsys):
+    """`--step 3` was taken as `--steps 3` (argparse's prefix matching), and `--stepz` got the
+    top-level usage instead of `train`'s."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "example:calculator", flag, "3"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: mcprl train" in err
+    assert f"unrecognized arguments: {flag} 3 (did you mean --steps?)" in err
