@@ -11,6 +11,7 @@ MCPRLError
 ├── PreflightError             a training run cannot start: what is missing and how to fix it
 ├── ModelNotFoundError         a --model that is no known name, local directory or hub model
 ├── CheckpointError            a checkpoint cannot be loaded safely (never unpickled)
+├── RunLockedError             another process is writing the same run folder
 └── JudgeFailedError           the judge failed on too many groups of a step: the step is not kept
 ```
 
@@ -29,6 +30,7 @@ __all__ = [
     "MCPServerStartError",
     "ModelNotFoundError",
     "PreflightError",
+    "RunLockedError",
     "ScenarioFileError",
     "ScenarioGenerationError",
     "ServerSpecError",
@@ -72,6 +74,10 @@ class ScenarioGenerationError(MCPRLError):
 
 class PreflightError(MCPRLError):
     """A check before a training run failed (judge silent, scenarios unusable, ...)."""
+
+
+class RunLockedError(MCPRLError):
+    """Another process writes this run folder; the message names it. One writer at a time."""
 
 
 class ModelNotFoundError(MCPRLError, ValueError):

@@ -260,6 +260,7 @@ class TrainingRun:
             await self.backend.check_model(self.config.base_model)
         except ValueError as exc:
             raise PreflightError(str(exc)) from exc
+        await self.backend.claim(self.model)  # one writer per run: a second fails here
         check_trackers(self.config.trackers)
         self._local = await self.backend.local_dir(self.model)
         if self.server is not None:

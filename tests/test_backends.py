@@ -314,3 +314,65 @@ async def test_arts_documented_loop_runs_with_only_the_import_changed(local_back
     assert await model.get_step() == 1
     assert all(t.trainable for g in train_groups for t in g.trajectories)
     await model.openai_client().close()  # the client the rollouts shared
+
+
+@pytest.fixture
+def run_held_elsewhere(tmp_path) -> Iterator[tuple[Path, int]]:
+    """Another process writing the run folder `tmp_path/p/m` (it holds the run's lock)."""
+    root = Path(__file__).resolve().parent.parent
+    code = (
+        "import sys, time; from mcprl.backends._store import hold_run; hold_run(sys.argv[1]); "
+        "print('held', flush=True); time.sleep(120)"
+    )
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path / "p" / "m")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield tmp_path, holder.pid
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
+def test_a_second_writer_of_a_run_fails_at_once_naming_the_first(run_held_elsewhere):
+    from mcprl.backends._store import RunStore
+    from mcprl.errors import RunLockedError
+
+    root, pid = run_held_elsewhere
+    started = time.monotonic()
+    with pytest.raises(RunLockedError, match=rf"another process \(pid {pid}: "):
+        RunStore(root, "p", "m")
+    with pytest.raises(RunLockedError):
+        anyio.run(FakeBackend(root).claim, TrainableModel(name="m", project="p"))
+    assert time.monotonic() - started < 5  # at once, not after a wait
+    assert RunStore(root, "p", "m", read_only=True).history() == []  # readers are not held up
+
+
+def test_mcprl_train_on_a_run_another_process_writes_stops_before_any_work(
+    run_held_elsewhere, capsys
+):
+    from mcprl.cli import main
+
+    root, pid = run_held_elsewhere
+    code = main(["train", "example:calculator", "--path", str(root), "--project", "p",
+                 "--name", "m", "--steps", "1", "-q"])  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "is being written by another process" in err and f"pid {pid}" in err
+    assert not (root / "p" / "m" / "run_config.json").exists()
+
+
+def test_the_lock_goes_with_the_process_that_held_it(tmp_path):
+    from mcprl.backends._store import RunStore
+
+    root = Path(__file__).resolve().parent.parent
+    code = "import sys; from mcprl.backends._store import hold_run; hold_run(sys.argv[1])"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "p" / "m")], env=env, check=True)
+    RunStore(tmp_path, "p", "m").append_history({"step": 0})  # its exit freed the run

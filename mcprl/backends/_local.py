@@ -29,7 +29,7 @@ import anyio
 
 from mcprl.backends._protocol import Inference, TrainResult
 from mcprl.backends._records import StoredRuns
-from mcprl.backends._store import RunStore
+from mcprl.backends._store import RunStore, release_run
 from mcprl.model import TrainableModel
 from mcprl.training import LoraConfig, TrainConfig
 from mcprl.types import TrajectoryGroup
@@ -187,6 +187,8 @@ class LocalBackend(StoredRuns):
         if self._server is not None:
             self._server.close()
             self._server = None
+        for run in self._runs.values():  # other processes may write these runs now
+            release_run(run.store.dir)
 
     # -- this backend's own --------------------------------------------------------------------
 

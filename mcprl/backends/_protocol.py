@@ -93,6 +93,11 @@ class Backend(Protocol):
         """Load (or resume) `model`; return its current step (0: a fresh LoRA)."""
         ...
 
+    async def claim(self, model: TrainableModel) -> None:
+        """Hold the run for this process's writes, before any: raise `RunLockedError`
+        (naming the holder) if another process writes it. Reading needs no claim."""
+        ...
+
     async def inference(self, model: TrainableModel) -> Inference: ...
 
     async def base_inference(self, base_model: str) -> Inference:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mcprl.backends._protocol import check_run_file, check_split
-from mcprl.backends._store import RunStore
+from mcprl.backends._store import RunStore, hold_run
 from mcprl.model import TrainableModel
 from mcprl.types import TrajectoryGroup, read_groups
 
@@ -57,9 +57,13 @@ class StoredRuns:
         path = self._reader(model).dir / check_run_file(name, write=False)
         return path.read_text(encoding="utf-8") if path.is_file() else None
 
+    async def claim(self, model: TrainableModel) -> None:
+        """Hold the run for this process's writes (`RunLockedError` if another writes it)."""
+        hold_run(self._reader(model).dir)
+
     async def write_file(self, model: TrainableModel, name: str, text: str) -> None:
         folder = self._reader(model).dir
-        folder.mkdir(parents=True, exist_ok=True)
+        hold_run(folder)
         tmp = folder / f".{check_run_file(name, write=True)}.tmp"
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(folder / name)

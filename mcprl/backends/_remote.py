@@ -87,6 +87,11 @@ class RemoteBackend:
         self._base_names[(model.project, model.name)] = reply["base_name"]
         return int(reply["step"])
 
+    async def claim(self, model: TrainableModel) -> None:
+        """Nothing to hold here: the serving process writes the run, and holds it from its
+        first write on (a second server on the same folder fails then)."""
+        return None
+
     async def inference(self, model: TrainableModel) -> Inference:
         base_name = self._base_names.get((model.project, model.name))
         if base_name is None:

@@ -11,6 +11,11 @@
 A checkpoint is written into a hidden temporary directory and renamed into place, so a process
 killed mid-write leaves the previous checkpoint as the latest and no broken one behind; leftover
 temporary directories are removed when the store opens.
+
+One process writes a run at a time: the first write (or `hold_run`) takes an exclusive lock on
+`.writer.lock` in the run folder (the `filelock` package; the operating system releases it when
+the process ends, killed or not) and records who holds it in `.writer`. A second process that
+would write fails at once with `RunLockedError`, naming the holder. Readers take no lock.
 """
 
 from __future__ import annotations
@@ -18,14 +23,54 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
+from mcprl.errors import RunLockedError
 from mcprl.types import TrajectoryGroup, write_groups
 
-__all__ = ["RunStore"]
+__all__ = ["RunStore", "hold_run", "release_run"]
+
+_HELD: dict[Path, FileLock] = {}  # the run folders this process writes
+_HELD_LOCK = threading.Lock()
+
+
+def hold_run(run_dir: str | os.PathLike[str]) -> None:
+    """Take the run folder for this process's writes (a no-op when it already holds it); raise
+    `RunLockedError`, naming the holder, when another process writes it."""
+    folder = Path(run_dir).resolve()
+    with _HELD_LOCK:
+        if folder in _HELD:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder / ".writer.lock"), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            holder = folder / ".writer"
+            who = holder.read_text(encoding="utf-8").strip() if holder.is_file() else ""
+            raise RunLockedError(
+                f"{folder} is being written by another process ({who or 'unknown'}); wait for "
+                "it to end, or give this run another name (--name)"
+            ) from None
+        _HELD[folder] = lock
+        command = " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))
+        (folder / ".writer").write_text(f"pid {os.getpid()}: {command[:200]}\n", encoding="utf-8")
+
+
+def release_run(run_dir: str | os.PathLike[str]) -> None:
+    """Let other processes write the run folder again (when this process is done with it)."""
+    with _HELD_LOCK:
+        lock = _HELD.pop(Path(run_dir).resolve(), None)
+    if lock is not None:
+        lock.release()
+
 
 _DONE = "checkpoint.json"
 
@@ -52,6 +97,7 @@ class RunStore:
         self.read_only = read_only
         if read_only:
             return
+        hold_run(self.dir)
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
         for leftover in self.checkpoints_dir.glob(".tmp-*"):
             shutil.rmtree(leftover, ignore_errors=True)
