@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from mcprl._progress import progress_bar
 from mcprl.gather import gather_groups
 from mcprl.mcp import MCPSession, ServerSpec, open_session
 from mcprl.mcp._inspect import tool_annotations
@@ -129,11 +130,9 @@ async def score_groups(
     """Apply a `mcprl.rewards.scorer` to every group at once (a judge's own concurrency limit
     applies; a local judge's requests share the engine's batch), dropping what it drops; the
     groups stay in order."""
-    from tqdm.auto import tqdm
-
     results: list[TrajectoryGroup | None] = [None] * len(groups)
     errors: list[Exception] = []
-    with tqdm(total=len(groups), desc=desc, disable=not progress, leave=False) as bar:
+    with progress_bar(total=len(groups), desc=desc, enabled=progress, leave=False) as bar:
 
         async def one(i: int) -> None:
             try:

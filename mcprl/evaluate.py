@@ -121,13 +121,13 @@ async def evaluate_models(
 
 async def _judge_across(all_groups: dict[str, list[TrajectoryGroup]], judge: Any, progress: bool):
     """RULER over one group per scenario made of every model's attempts."""
-    from tqdm.auto import tqdm
+    from mcprl._progress import progress_bar
 
     by_scenario: dict[str, list] = {}
     for groups in all_groups.values():
         for g in groups:
             by_scenario.setdefault(g.scenario_id or "", []).extend(g.trajectories)
-    for trajectories in tqdm(list(by_scenario.values()), desc="judging", disable=not progress):
+    for trajectories in progress_bar(list(by_scenario.values()), desc="judging", enabled=progress):
         if len(trajectories) < 2:
             continue
         result = await judge.score(

@@ -57,9 +57,9 @@ class _Progress:
     def __init__(self, total: int, desc: str, enabled: bool) -> None:
         self.bar = None
         if enabled:
-            from tqdm.auto import tqdm
+            from mcprl._progress import progress_bar
 
-            self.bar = tqdm(
+            self.bar = progress_bar(
                 total=total,
                 desc=desc,
                 unit="attempt",

@@ -587,7 +587,10 @@ class TrainingRun:
             )
             t1 = time.perf_counter()
             groups = await score_groups(
-                groups, self.score, desc=f"step {step} judging", progress=self.progress
+                groups,
+                self.score,
+                desc=f"step {step} judging",
+                progress=self.progress and self.judge is not None,  # else no work to show
             )
             times["rollout"] += t1 - t0
             times["judge"] += time.perf_counter() - t1
@@ -755,10 +758,10 @@ class _Bar:
         if not self.enabled:
             return
         if self.bar is None:
-            from tqdm.auto import tqdm
+            from mcprl._progress import progress_bar
 
             # no rate: micro-batches differ in size, and the first arrives after a long wait
-            self.bar = tqdm(
+            self.bar = progress_bar(
                 total=total,
                 desc=self.desc,
                 leave=False,

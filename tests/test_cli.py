@@ -117,3 +117,37 @@ def test_a_flag_is_exact_and_a_wrong_one_gets_its_commands_usage(flag, capsys):
     err = capsys.readouterr().err
     assert "usage: mcprl train" in err
     assert f"unrecognized arguments: {flag} 3 (did you mean --steps?)" in err
+
+
+def test_piped_output_gets_one_line_per_phase_not_redraws(tmp_path):
+    """Piped to a file, the bars redrew every second: a quick run wrote 121 KB of log."""
+    import re
+    import subprocess
+    import sys
+
+    out = tmp_path / "s.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "mcprl.cli", "scenarios", "example:calculator", "--grounded",
+         "-n", "4", "-o", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stderr and "\x1b" not in done.stderr
+    assert re.search(r"^scenarios for calculator: 4/4 in \d+ s, 4 tried", done.stderr, re.M)
+
+
+def test_a_phase_that_did_nothing_writes_no_line(capsys):
+    from mcprl._progress import progress_bar
+
+    with progress_bar(total=3, desc="judging") as bar:
+        pass
+    with progress_bar(total=2, desc="training", unit="attempt") as bar:
+        bar.update(2)
+        bar.set_postfix_str("reward 0.5")
+    assert [*progress_bar([1, 2], desc="listing")] == [1, 2]
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" in ")[0] for line in lines] == [
+        "training: 2/2 attempts",
+        "listing: 2/2",
+    ]
+    assert lines[0].endswith(", reward 0.5")

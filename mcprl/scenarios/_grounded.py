@@ -774,9 +774,9 @@ async def build_grounded(
 def _bar(n: int, name: str, enabled: bool) -> Any:
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from mcprl._progress import progress_bar
 
-    return tqdm(
+    return progress_bar(
         total=n,
         desc=f"scenarios for {name}",
         leave=False,
