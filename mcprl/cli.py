@@ -163,8 +163,15 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from mcprl.serving import Engine, build_app, load_model, pick_device, pick_dtype
-    from mcprl.serving._server import allowed_hosts, check_bind
+    from mcprl.serving import (
+        Engine,
+        allowed_hosts,
+        build_app,
+        check_bind,
+        load_model,
+        pick_device,
+        pick_dtype,
+    )
 
     api_key = args.api_key or os.environ.get("MCPRL_API_KEY") or None
     check_bind(args.host, api_key)
@@ -209,8 +216,7 @@ def _serve_backend(args: argparse.Namespace, api_key: str | None) -> int:
     import signal
     import threading
 
-    from mcprl.backends import LocalBackend
-    from mcprl.backends._api import backend_routes
+    from mcprl.backends import LocalBackend, backend_routes
 
     if args.lora or args.allow_adapter_dir or args.served_name:
         raise ValueError(

@@ -23,12 +23,11 @@ import anyio
 
 from mcprl._progress import progress_bar
 from mcprl.gather import gather_groups
-from mcprl.mcp import MCPSession, ServerSpec, open_session
-from mcprl.mcp._inspect import tool_annotations
-from mcprl.model import policy_client
+from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_annotations
+from mcprl.policy import policy_client
 from mcprl.rewards import is_success
 from mcprl.rollout import RolloutConfig, rollout
-from mcprl.scenarios import Scenario
+from mcprl.scenarios import Scenario, has_reference
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
@@ -42,10 +41,6 @@ __all__ = [
 
 # seeds of attempt a at scenario i are spaced so that per-turn seeds (seed + turn) never meet
 SEED_STRIDE = 1000
-
-
-def has_reference(s: Scenario | None) -> bool:
-    return bool(s and s.reference and (s.reference.answer is not None or s.reference.calls))
 
 
 async def collect_groups(

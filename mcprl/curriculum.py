@@ -58,7 +58,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from mcprl.scenarios import Scenario
+from mcprl.rewards import Informative, is_informative
+from mcprl.scenarios import Scenario, has_reference
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
@@ -71,7 +72,6 @@ __all__ = [
 ]
 
 Sampling = Literal["fresh", "curriculum", "uniform"]
-Informative = Literal["reward", "success"]
 
 # prior chance that a group at each difficulty differs: start easy
 _PRIOR = {1: 0.8, 2: 0.6, 3: 0.4, 4: 0.3, 5: 0.2}
@@ -84,26 +84,6 @@ def task_kind(scenario: Scenario) -> tuple[str, ...]:
     if ref is None or not ref.calls:
         return ("id", scenario.id)
     return tuple(c.tool for c in ref.calls)
-
-
-def is_informative(group: TrajectoryGroup, by: Informative = "reward") -> bool:
-    """GRPO has something to learn from the group.
-
-    `by="reward"`: its rewards are not all equal. `by="success"`: some of its attempts succeeded
-    and some did not (DAPO's filter on accuracy), so a group that differs only by partial credit
-    teaches nothing; where the attempts carry no success mark (`metrics["success"]`, set for
-    scenarios with a reference answer), the rewards decide as with `"reward"`.
-    """
-    scored = [t for t in group.trajectories if t.reward is not None]
-    rewards = [t.reward for t in scored]
-    if len(rewards) < 2 or max(rewards) - min(rewards) <= 1e-9:
-        return False
-    if by == "reward":
-        return True
-    marks = [t.metrics.get("success") for t in scored]
-    if any(m is None for m in marks):
-        return True
-    return 0 < sum(m >= 1.0 for m in marks) < len(marks)
 
 
 @dataclass
@@ -185,7 +165,6 @@ class ScenarioSampler:
         """Its kind was tried and no attempt of the policy's own choosing solved it: where some
         attempts should explore (`TrainConfig.explore`). False for a scenario with no reference
         (success is unknown there)."""
-        from mcprl.collect import has_reference
 
         if not has_reference(scenario):
             return False

@@ -12,8 +12,16 @@ MCPRLError
 ├── ModelNotFoundError         a --model that is no known name, local directory or hub model
 ├── CheckpointError            a checkpoint cannot be loaded safely (never unpickled)
 ├── RunLockedError             another process is writing the same run folder
-└── JudgeFailedError           the judge failed on too many groups of a step: the step is not kept
+├── JudgeFailedError           the judge failed on too many groups of a step: the step is not kept
+├── GatherError                too many attempts of a collection failed
+├── TokenDataError             a trainable model's endpoint returns no token ids or log-probs
+├── BackendError               the remote backend refused a request or could not be reached
+│   └── BackendRequestError    it refused what was asked (400, 404, 409) (ValueError)
+├── GrammarError               a tool's schema cannot be compiled into a grammar (ValueError)
+└── AdapterError               an adapter the server cannot serve (ValueError)
 ```
+
+ruler's errors (`ruler.errors.RulerError` and below) are ruler's own: the library stands alone.
 
 Dependencies' errors are converted where they are caught, with `raise ... from exc`, so the cause
 stays visible. A tool that fails is not an error here: it becomes text for the agent.
@@ -21,8 +29,15 @@ stays visible. A tool that fails is not an error here: it becomes text for the a
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
+    "AdapterError",
+    "BackendError",
+    "BackendRequestError",
     "CheckpointError",
+    "GatherError",
+    "GrammarError",
     "JudgeFailedError",
     "MCPConnectionError",
     "MCPRLError",
@@ -34,6 +49,7 @@ __all__ = [
     "ScenarioFileError",
     "ScenarioGenerationError",
     "ServerSpecError",
+    "TokenDataError",
 ]
 
 
@@ -90,3 +106,36 @@ class CheckpointError(MCPRLError):
 
 class JudgeFailedError(MCPRLError):
     """The judge failed on more groups of a step than allowed; nothing of the step was kept."""
+
+
+class GatherError(MCPRLError):
+    """Too many attempts failed; `errors` holds what they raised (`mcprl.types.AttemptError`)."""
+
+    def __init__(self, message: str, errors: list[Any]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
+class TokenDataError(MCPRLError):
+    """A trainable model's endpoint returns no token ids or log-probabilities."""
+
+
+class BackendError(MCPRLError):
+    """The remote backend refused a request, or could not be reached in time."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BackendRequestError(BackendError, ValueError):
+    """The remote backend refused a request for what it asked (400, 404, 409): the same
+    `ValueError` a `LocalBackend` raises."""
+
+
+class GrammarError(MCPRLError, ValueError):
+    """A schema that cannot be compiled into a grammar."""
+
+
+class AdapterError(MCPRLError, ValueError):
+    """An adapter this server cannot serve (the message says why)."""

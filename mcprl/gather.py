@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from mcprl.errors import MCPRLError
+from mcprl.errors import GatherError
 from mcprl.types import AttemptError, Trajectory, TrajectoryGroup
 
 __all__ = ["GatherError", "gather_groups", "gather_trajectory_groups", "note_turn"]
@@ -34,14 +34,6 @@ logger = logging.getLogger(__name__)
 
 Attempt = Callable[[], Awaitable[Trajectory]] | Awaitable[Trajectory]
 AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]]
-
-
-class GatherError(MCPRLError):
-    """Too many attempts failed; `errors` holds what they raised."""
-
-    def __init__(self, message: str, errors: list[AttemptError]) -> None:
-        super().__init__(message)
-        self.errors = errors
 
 
 def _limit(max_exceptions: int | float, total: int) -> int:

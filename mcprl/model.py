@@ -1,21 +1,18 @@
-"""Model handles: where a policy (or a baseline) answers, and how to reach it.
+"""The model being trained: `TrainableModel(name, project, base_model)`.
 
-- `Model`: any OpenAI-compatible endpoint (base URL, key, model name): a hosted baseline, a vLLM
-  server, or `mcprl serve`.
-- `LiteLLMModel`: any LiteLLM model string ("anthropic/...", "openai/...", "ollama/..."), for
-  baselines in `mcprl eval`; its client speaks the OpenAI SDK's shape through LiteLLM.
-- `TrainableModel(name, project, base_model)`: the model being trained. Register it with a
-  backend; the backend serves its latest checkpoint as `name@step`.
+Register it with a backend; the backend serves its latest checkpoint as `name@step`. It is a
+`mcprl.policy.Policy` (its client is shared and its replies carry token data), and it has ART's
+client methods: `register`, `train`, `log`, `get_step`, `openai_client`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from mcprl.policy import LiteLLMModel, Model, policy_client
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -29,71 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["LiteLLMModel", "Model", "TrainableModel", "policy_client"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-class Model(BaseModel):
-    """A model behind an OpenAI-compatible endpoint."""
-
-    model_config = ConfigDict(frozen=True)
-    name: str = Field(description="the model name the endpoint expects")
-    base_url: str
-    api_key: str = "EMPTY"
-
-    @property
-    def served_name(self) -> str:
-        return self.name
-
-    def get_inference_name(self, step: int | None = None) -> str:
-        return self.name
-
-    def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
-        from openai import AsyncOpenAI
-
-        kwargs.setdefault("max_retries", 2)
-        return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
-
-
-class LiteLLMModel(BaseModel):
-    """A model reached through LiteLLM (any provider); its attempts are for evaluation only."""
-
-    model_config = ConfigDict(frozen=True)
-    name: str = Field(description='a LiteLLM model string, e.g. "openai/gpt-4.1-mini"')
-    api_base: str | None = None
-    api_key: str | None = None
-
-    @property
-    def served_name(self) -> str:
-        return self.name
-
-    def openai_client(self, **kwargs: Any) -> _LiteLLMClient:
-        return _LiteLLMClient(self)
-
-
-class _LiteLLMClient:
-    """`client.chat.completions.create(...)` answered by `litellm.acompletion`."""
-
-    def __init__(self, model: LiteLLMModel) -> None:
-        self.model = model
-        self.chat = self.completions = self
-
-    async def create(self, **kwargs: Any) -> Any:
-        from ruler._llm import litellm_acompletion
-
-        kwargs.pop("extra_body", None)  # mcprl-server options mean nothing to providers
-        kwargs["model"] = self.model.name
-        for key in ("api_base", "api_key"):
-            if getattr(self.model, key):
-                kwargs[key] = getattr(self.model, key)
-        return await litellm_acompletion(**kwargs)
-
-    async def close(self) -> None:
-        return None
-
-    async def __aenter__(self) -> _LiteLLMClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        return None
 
 
 class TrainableModel(BaseModel):
@@ -165,6 +97,16 @@ class TrainableModel(BaseModel):
     def served_name(self) -> str:
         """The name the endpoint serves the current checkpoint under: `name@step`."""
         return self.get_inference_name()
+
+    @property
+    def shares_client(self) -> bool:
+        """`openai_client()` without arguments is shared (ART's behaviour): it is the model's."""
+        return True
+
+    @property
+    def wants_token_data(self) -> bool:
+        """Replies carry token ids and log-probabilities: the trainer needs them."""
+        return True
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
         """A client of the backend's endpoint. Without arguments it is shared, as in ART: one
@@ -248,16 +190,3 @@ class TrainableModel(BaseModel):
     ) -> list[int]:
         """Delete all checkpoints but the latest, the one served, and the best by a metric."""
         return await self._need_backend().delete_checkpoints(self, keep_last, keep_best_by)
-
-
-@contextlib.asynccontextmanager
-async def policy_client(model: Any) -> AsyncIterator[Any]:
-    """The client that reaches `model`, for the length of the block. Whoever opens a client owns
-    it: a `TrainableModel`'s shared client (ART's `openai_client()`) belongs to the model and
-    stays open for the attempts still using it; any other model's client is made here and
-    closed here."""
-    if isinstance(model, TrainableModel):
-        yield model.openai_client()
-        return
-    async with model.openai_client() as client:
-        yield client

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mcprl.backends._store import RunStore
+from mcprl.backends import RunStore
 from mcprl.types import Trajectory, read_groups
 
 __all__ = ["write_report"]

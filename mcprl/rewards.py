@@ -44,7 +44,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -53,11 +53,13 @@ from mcprl.types import Trajectory, TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError
 
 __all__ = [
+    "Informative",
     "ReferenceReward",
     "RewardParts",
     "answer_matches",
     "as_scorer",
     "calls_matched",
+    "is_informative",
     "is_success",
     "reference_reward",
     "reward_parts",
@@ -66,6 +68,29 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+Informative = Literal["reward", "success"]
+
+
+def is_informative(group: TrajectoryGroup, by: Informative = "reward") -> bool:
+    """GRPO has something to learn from the group.
+
+    `by="reward"`: its rewards are not all equal. `by="success"`: some of its attempts succeeded
+    and some did not (DAPO's filter on accuracy), so a group that differs only by partial credit
+    teaches nothing; where the attempts carry no success mark (`metrics["success"]`, set for
+    scenarios with a reference answer), the rewards decide as with `"reward"`.
+    """
+    scored = [t for t in group.trajectories if t.reward is not None]
+    rewards = [t.reward for t in scored]
+    if len(rewards) < 2 or max(rewards) - min(rewards) <= 1e-9:
+        return False
+    if by == "reward":
+        return True
+    marks = [t.metrics.get("success") for t in scored]
+    if any(m is None for m in marks):
+        return True
+    return 0 < sum(m >= 1.0 for m in marks) < len(marks)
+
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
 

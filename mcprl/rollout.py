@@ -48,7 +48,7 @@ from pydantic import BaseModel, Field
 from mcprl.errors import PreflightError
 from mcprl.gather import note_turn
 from mcprl.mcp import MCPSession, ResultsAs, ToolInfo, open_session, openai_tools
-from mcprl.model import TrainableModel, policy_client
+from mcprl.policy import policy_client
 from mcprl.scenarios import Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
 from mcprl.types import Trajectory
@@ -377,7 +377,7 @@ def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
 
 
 def _trainable(model: Any) -> bool:
-    return isinstance(model, TrainableModel)
+    return bool(getattr(model, "wants_token_data", False))
 
 
 async def _complete(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcprl.errors import MCPRLError
+from mcprl.errors import TokenDataError
 from mcprl.types import Choice
 
 __all__ = [
@@ -41,51 +41,9 @@ TOKEN_REQUEST: dict[str, Any] = {
 }
 
 
-class TokenDataError(MCPRLError):
-    """A trainable model's endpoint returns no token ids or log-probabilities."""
-
-
-def _extra(obj: Any) -> dict[str, Any]:
-    if isinstance(obj, dict):
-        return obj
-    return getattr(obj, "model_extra", None) or {}
-
-
-def _content(choice: Any) -> list[Any]:
-    logprobs = getattr(choice, "logprobs", None)
-    return list(getattr(logprobs, "content", None) or [])
-
-
-def _token_id(token: Any) -> int | None:
-    text = getattr(token, "token", "")
-    if isinstance(text, str) and text.startswith("token_id:"):
-        try:
-            return int(text.removeprefix("token_id:"))
-        except ValueError:
-            return None
-    return None
-
-
 def read_choice(choice: Any, response: Any, index: int) -> Choice:
     """A `Choice` (the reply at `messages[index]`) with whatever token data the reply holds."""
-    extra, top = _extra(choice), _extra(response)
-    ours = extra.get("mcprl") or {}
-    content = _content(choice)
-    sampling = ours.get("token_logprobs")
-    if sampling is None and content:
-        sampling = [float(t.logprob) for t in content]
-    token_ids = extra.get("token_ids")
-    if token_ids is None and content:  # vLLM without return_token_ids: spelled in the tokens
-        spelled = [_token_id(t) for t in content]
-        token_ids = spelled if all(i is not None for i in spelled) else None
-    return Choice(
-        message_index=index,
-        finish_reason=getattr(choice, "finish_reason", None),
-        prompt_token_ids=extra.get("prompt_token_ids") or top.get("prompt_token_ids"),
-        token_ids=token_ids,
-        logprobs=ours.get("model_logprobs", sampling),
-        sampling_logprobs=sampling,
-    )
+    return Choice.from_reply(choice, response, index)
 
 
 async def check_token_data(client: Any, served: str) -> None:

@@ -47,7 +47,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcprl._defaults import configured_llm
-from mcprl.backends._protocol import Backend, export_run
+from mcprl.backends import Backend, export_run
 from mcprl.collect import (
     SEED_STRIDE,
     collect_groups,

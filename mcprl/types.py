@@ -29,6 +29,27 @@ __all__ = [
 Scalar = str | int | float | bool | None
 
 
+def _extra(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return obj
+    return getattr(obj, "model_extra", None) or {}
+
+
+def _content(choice: Any) -> list[Any]:
+    logprobs = getattr(choice, "logprobs", None)
+    return list(getattr(logprobs, "content", None) or [])
+
+
+def _token_id(token: Any) -> int | None:
+    text = getattr(token, "token", "")
+    if isinstance(text, str) and text.startswith("token_id:"):
+        try:
+            return int(text.removeprefix("token_id:"))
+        except ValueError:
+            return None
+    return None
+
+
 class Choice(BaseModel):
     """One completion of the policy, with what it sampled."""
 
@@ -51,6 +72,29 @@ class Choice(BaseModel):
             and self.token_ids is not None
             and self.logprobs is not None
             and len(self.logprobs) == len(self.token_ids) > 0
+        )
+
+    @classmethod
+    def from_reply(cls, choice: Any, response: Any, index: int) -> Choice:
+        """The reply at `messages[index]` (an OpenAI-shaped choice of `response`) with
+        whatever token data it holds: mcprl's, vLLM's token ids, or ids spelled in tokens."""
+        extra, top = _extra(choice), _extra(response)
+        ours = extra.get("mcprl") or {}
+        content = _content(choice)
+        sampling = ours.get("token_logprobs")
+        if sampling is None and content:
+            sampling = [float(t.logprob) for t in content]
+        token_ids = extra.get("token_ids")
+        if token_ids is None and content:  # vLLM without return_token_ids: spelled in the tokens
+            spelled = [_token_id(t) for t in content]
+            token_ids = spelled if all(i is not None for i in spelled) else None
+        return cls(
+            message_index=index,
+            finish_reason=getattr(choice, "finish_reason", None),
+            prompt_token_ids=extra.get("prompt_token_ids") or top.get("prompt_token_ids"),
+            token_ids=token_ids,
+            logprobs=ours.get("model_logprobs", sampling),
+            sampling_logprobs=sampling,
         )
 
 
@@ -79,12 +123,10 @@ class _MessagesAndChoices:
             raise TypeError(
                 f"append a message dict or a completion's choice, not {type(item).__name__}"
             )
-        from mcprl.tokens import read_choice
-
         keep = {"role", "content", "tool_calls", "refusal"}
         dumped = message.model_dump(exclude_none=True) if hasattr(message, "model_dump") else {}
         t.messages.append({k: v for k, v in dumped.items() if k in keep})
-        t.choices.append(read_choice(item, None, len(t.messages) - 1))
+        t.choices.append(Choice.from_reply(item, None, len(t.messages) - 1))
 
     def extend(self, items: Iterable[Any]) -> None:
         for item in items:
@@ -192,13 +234,44 @@ class TrajectoryGroup(BaseModel):
         return len(self.trajectories) + len(self._pending)
 
     def __await__(self) -> Any:
-        from mcprl.gather import gather_trajectory_groups
+        return self._run_pending().__await__()
 
-        async def run() -> TrajectoryGroup:
-            (group,) = await gather_trajectory_groups([self], progress=False)
-            return group
+    async def _run_pending(self) -> TrajectoryGroup:
+        """Run the pending attempts together; the first that fails stops the rest and raises
+        `GatherError` (`gather_trajectory_groups` runs many groups, with a failure budget)."""
+        import inspect
 
-        return run().__await__()
+        import anyio
+
+        from mcprl.errors import GatherError
+
+        pending, self._pending = list(self._pending), []
+
+        async def attempt(item: Any) -> None:
+            try:
+                trajectory = await (
+                    item() if callable(item) and not inspect.isawaitable(item) else item
+                )
+            except Exception as exc:
+                error = AttemptError.of(exc)
+                self.exceptions.append(error)
+                raise GatherError(
+                    f"1 of {len(pending)} attempts failed (allowed: 0); first: {error.type}: "
+                    f"{error.message}",
+                    [error],
+                ) from exc
+            self.trajectories.append(trajectory)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for item in pending:
+                    tg.start_soon(attempt, item)
+        except BaseExceptionGroup as group:
+            raise _first_leaf(group) from None
+        if self.scenario_id is None and self.trajectories:
+            found = self.trajectories[0].metadata.get("scenario_id")
+            self.scenario_id = found if isinstance(found, str) else None
+        return self
 
     @property
     def rewards(self) -> list[float | None]:
@@ -252,3 +325,8 @@ def read_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
             except ValueError as exc:
                 raise ValueError(f"{p} line {n}: not a trajectory group: {exc}") from exc
     return groups
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    leaf: BaseException = group.exceptions[0]
+    return _first_leaf(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf

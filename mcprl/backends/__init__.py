@@ -10,6 +10,7 @@ The training loop, `mcprl eval` and `mcprl report` use only the `Backend` method
 
 from __future__ import annotations
 
+from mcprl.backends._api import backend_routes
 from mcprl.backends._local import LocalBackend
 from mcprl.backends._protocol import RUN_FILES, Backend, Inference, TrainResult, export_run
 from mcprl.backends._records import StoredRuns
@@ -29,5 +30,6 @@ __all__ = [
     "TrainResult",
     "VLLMBackend",
     "VLLMServer",
+    "backend_routes",
     "export_run",
 ]

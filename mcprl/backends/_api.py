@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mcprl.model import TrainableModel
-from mcprl.serving._server import fail, json_body
+from mcprl.serving import fail, json_body
 from mcprl.training import TrainConfig
 from mcprl.types import TrajectoryGroup
 

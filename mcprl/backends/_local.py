@@ -283,7 +283,7 @@ class LocalBackend(StoredRuns):
         return _Run(model, store, latest, load)
 
     async def _adapter_call(self, what: str, body: dict[str, str]) -> None:
-        from mcprl.serving._server import adapter_request
+        from mcprl.serving import adapter_request
 
         server = self._server
         await anyio.to_thread.run_sync(adapter_request, server.base_url, server.api_key, what, body)

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from mcprl.backends._protocol import Inference, TrainResult
-from mcprl.errors import MCPRLError
+from mcprl.errors import BackendError, BackendRequestError
 from mcprl.model import TrainableModel
 from mcprl.training import TrainConfig
 from mcprl.types import TrajectoryGroup
@@ -37,19 +37,6 @@ from mcprl.types import TrajectoryGroup
 __all__ = ["BackendError", "BackendRequestError", "RemoteBackend"]
 
 logger = logging.getLogger(__name__)
-
-
-class BackendError(MCPRLError):
-    """The remote backend refused a request, or could not be reached in time."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class BackendRequestError(BackendError, ValueError):
-    """The remote backend refused a request for what it asked (400, 404, 409): the same
-    `ValueError` a `LocalBackend` raises."""
 
 
 class _JobLost(Exception):

@@ -12,6 +12,7 @@ from mcprl.mcp._inspect import (
     ToolInfo,
     inspect_server,
     openai_tools,
+    tool_annotations,
 )
 from mcprl.mcp._results import ResultsAs, ToolResult
 from mcprl.mcp._safety import looks_like_error, name_words, tool_access, writing_tools
@@ -36,5 +37,6 @@ __all__ = [
     "open_session",
     "openai_tools",
     "tool_access",
+    "tool_annotations",
     "writing_tools",
 ]

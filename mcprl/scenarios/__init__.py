@@ -21,6 +21,7 @@ from mcprl.scenarios._types import (
     Scenario,
     ScenarioSet,
     bundled_scenarios,
+    has_reference,
 )
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "generate_scenarios",
     "grounded_scenarios",
     "grounded_with_notes",
+    "has_reference",
     "normalize",
     "reword_tasks",
     "scenarios_for",

@@ -23,8 +23,15 @@ from datetime import date, timedelta
 from typing import Any
 
 from mcprl.errors import ScenarioGenerationError
-from mcprl.mcp import ServerInfo, ToolInfo, inspect_server, open_session
-from mcprl.mcp._safety import looks_like_error, name_words, tool_access
+from mcprl.mcp import (
+    ServerInfo,
+    ToolInfo,
+    inspect_server,
+    looks_like_error,
+    name_words,
+    open_session,
+    tool_access,
+)
 from mcprl.scenarios._answers import (
     ANSWER_KEYS,
     computed_number,

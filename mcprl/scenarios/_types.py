@@ -39,6 +39,11 @@ class Reference(BaseModel):
     calls: list[ReferenceCall] = Field(default_factory=list)
 
 
+def has_reference(s: Scenario | None) -> bool:
+    """The scenario says what a right attempt answers or calls (so success can be checked)."""
+    return bool(s and s.reference and (s.reference.answer is not None or s.reference.calls))
+
+
 class Scenario(BaseModel):
     """One practice task."""
 

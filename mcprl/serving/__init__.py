@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mcprl.serving._engine import Completion, Engine, SamplingParams
+from mcprl.serving._kv import CPU_ATTENTION
 from mcprl.serving._models import (
     DEFAULT_MODEL,
     LoadedModel,
@@ -26,10 +27,22 @@ from mcprl.serving._models import (
     pick_device,
     pick_dtype,
     resolve_model,
+    torch_dtype,
 )
-from mcprl.serving._server import ServerHandle, build_app, start_server
+from mcprl.serving._prefix import common_prefix_length, expanded_cache, prefix_kv
+from mcprl.serving._server import (
+    ServerHandle,
+    adapter_request,
+    allowed_hosts,
+    build_app,
+    check_bind,
+    fail,
+    json_body,
+    start_server,
+)
 
 __all__ = [
+    "CPU_ATTENTION",
     "DEFAULT_MODEL",
     "Completion",
     "Engine",
@@ -37,15 +50,24 @@ __all__ = [
     "LocalServer",
     "SamplingParams",
     "ServerHandle",
+    "adapter_request",
+    "allowed_hosts",
     "build_app",
     "cache_dir",
+    "check_bind",
     "check_model",
+    "common_prefix_length",
+    "expanded_cache",
+    "fail",
+    "json_body",
     "load_model",
     "native_bf16",
     "pick_device",
     "pick_dtype",
+    "prefix_kv",
     "resolve_model",
     "start_server",
+    "torch_dtype",
 ]
 
 

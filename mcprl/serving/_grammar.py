@@ -20,13 +20,10 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from mcprl.errors import GrammarError
 from mcprl.serving._chat import TOOL_CALL_BEGIN, TOOL_CALL_END
 
 __all__ = ["CanonicalTokens", "GrammarError", "GrammarFactory"]
-
-
-class GrammarError(ValueError):
-    """A schema that cannot be compiled into a grammar."""
 
 
 # A JSON number in a tool call has at most this many digits before and after its point: float64

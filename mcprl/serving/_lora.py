@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mcprl.errors import AdapterError
+
 __all__ = ["AdapterError", "ServedAdapters"]
 
 _PREFIX = "base_model.model."
@@ -35,10 +37,6 @@ _UNSUPPORTED = (
     "target_parameters",
     "alpha_pattern",
 )
-
-
-class AdapterError(ValueError):
-    """An adapter this server cannot serve (the message says why)."""
 
 
 class LoraLinear(nn.Module):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mcprl.curriculum import Informative, is_informative
+from mcprl.rewards import Informative, is_informative
 from mcprl.training._config import ScaleRewards
 from mcprl.training._losses import batch_advantages
 from mcprl.types import Choice, Trajectory, TrajectoryGroup
@@ -147,7 +147,7 @@ def shared_prefix_length(sequences: list[Sequence], minimum: int = 32) -> int:
     The prefix stops one token before the sequences part, and before the first trained token's
     predecessor, so every trained prediction is made inside the tails.
     """
-    from mcprl.serving._prefix import common_prefix_length
+    from mcprl.serving import common_prefix_length
 
     if len(sequences) < 2:
         return 0

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mcprl.curriculum import Informative
+from mcprl.rewards import Informative
 
 __all__ = ["LoraConfig", "ScaleRewards", "TrainConfig"]
 

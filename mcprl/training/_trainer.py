@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from mcprl.errors import CheckpointError
-from mcprl.serving._models import pick_dtype, torch_dtype
-from mcprl.serving._prefix import prefix_kv as run_prefix
+from mcprl.serving import pick_dtype, torch_dtype
+from mcprl.serving import prefix_kv as run_prefix
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
 from mcprl.training._config import LoraConfig, TrainConfig
 from mcprl.training._losses import LOSSES, Normalizer, kl_k3
@@ -78,7 +78,7 @@ class LoraTrainer:
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype(self.dtype))
         base = base.to(self.device)
         if self.device.type == "cpu":  # grouped-query SDPA: see mcprl.serving._kv
-            from mcprl.serving._kv import CPU_ATTENTION
+            from mcprl.serving import CPU_ATTENTION
 
             base.set_attn_implementation(CPU_ATTENTION)
         if adapter_path is not None:
@@ -295,7 +295,7 @@ class LoraTrainer:
     def _after_prefix(
         body: Any, kv: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor, attention
     ) -> torch.Tensor:
-        from mcprl.serving._prefix import expanded_cache
+        from mcprl.serving import expanded_cache
 
         rows, width = ids.shape
         cache = expanded_cache(kv, rows)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mcprl.serving._models import torch_dtype
+from mcprl.serving import torch_dtype
 from mcprl.training._config import LoraConfig
 from mcprl.training._trainer import LoraTrainer
 
