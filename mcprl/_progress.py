@@ -1,8 +1,9 @@
 """Progress bars that suit where the output goes.
 
 On a terminal, tqdm's bar, redrawn in place. Anywhere else (a log file, a pipe, CI), redraws
-pile up: a quick run wrote 121 KB of bars to a log. There each phase writes one line when it
-ends instead: its name, how much was done, the time it took and the bar's last postfix.
+pile up: a quick run wrote 121 KB of bars to a log. There a phase writes a line when it starts
+(its name and how much it has to do, so a log shows what is under way) and one when it ends (how
+much was done, the time it took and the bar's last postfix), and nothing in between.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _is_terminal() -> bool:
 
 
 class LineBar:
-    """A bar that draws nothing until it closes, then writes one line to stderr."""
+    """A bar for a log: a line to stderr when it starts, and one when it closes."""
 
     def __init__(
         self, iterable: Iterable[Any] | None, *, total: int | None, desc: str, unit: str = ""
@@ -53,6 +54,8 @@ class LineBar:
         self.postfix = ""
         self.started = time.perf_counter()
         self.closed = False
+        todo = f" {self.total}{f' {unit}s' if unit else ''}" if self.total else ""
+        print(f"{desc}:{todo} …", file=sys.stderr, flush=True)
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -67,8 +70,6 @@ class LineBar:
         if self.closed:
             return
         self.closed = True
-        if not self.n:  # a phase that did nothing says nothing
-            return
         done = f"{self.n}/{self.total}" if self.total else str(self.n)
         unit = f" {self.unit}s" if self.unit else ""
         extra = f", {self.postfix}" if self.postfix else ""

@@ -849,6 +849,17 @@ def _set_threads(args: argparse.Namespace) -> None:
     torch.set_num_threads(threads)
 
 
+def _observers(config: Any) -> list[Any]:
+    """What follows a run's events: its trackers, and its report unless --no-report."""
+    from mcprl.report import ReportObserver
+    from mcprl.trackers import TrackerObserver
+
+    observers: list[Any] = [TrackerObserver(config.trackers)]
+    if config.write_report:
+        observers.append(ReportObserver())
+    return observers
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from mcprl.scenarios import scenarios_for
     from mcprl.train import TrainingRun
@@ -866,6 +877,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         run = TrainingRun(
             config, args.server, backend, say=_say, progress=not args.quiet,
             workdir=Path(args.path) / config.project / config.name,
+            observers=_observers(config),
         )  # fmt: skip
         summary = _train_with_ctrl_c(run, lambda: run.prepare(args.scenarios, make_scenarios=make))
     print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
@@ -885,6 +897,7 @@ def cmd_autorl(args: argparse.Namespace) -> int:
         run = TrainingRun(
             config, args.server, backend, say=_say, progress=not args.quiet,
             workdir=Path(args.path) / config.project / config.name,
+            observers=_observers(config),
         )  # fmt: skip
 
         prepare = partial(prepare_autorl, run, args.task, n=args.n, generator=generator)

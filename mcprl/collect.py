@@ -145,13 +145,19 @@ async def score_groups(
 
 
 def mark_success(groups: list[TrajectoryGroup], scenarios: dict[str, Scenario]) -> None:
-    """Set `metrics["success"]` on attempts at scenarios with a reference."""
+    """Set `metrics["success"]` on attempts at scenarios with a reference, once per attempt:
+    from the answer check the reference reward already made where it did, else checked here."""
     for g in groups:
         scenario = scenarios.get(g.scenario_id or "")
         if not has_reference(scenario):
             continue
+        checks_answer = scenario.reference.answer is not None
         for t in g.trajectories:
-            t.metrics["success"] = float(is_success(t, scenario))
+            if "success" in t.metrics:
+                continue
+            answered = t.metrics.get("reward_answer") if checks_answer else None
+            success = answered >= 1.0 if answered is not None else is_success(t, scenario)
+            t.metrics["success"] = float(success)
 
 
 # per-attempt metrics averaged by `summarize`, where present

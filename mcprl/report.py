@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 import math
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mcprl.backends import RunStore
+from mcprl.backends import RunStore, export_run
 from mcprl.types import Trajectory, read_groups
 
-__all__ = ["write_report"]
+__all__ = ["ReportObserver", "write_report"]
+
+logger = logging.getLogger(__name__)
 
 _PHASES = [
     ("val/time_s", "evaluation"),
@@ -497,3 +500,23 @@ def write_report(run_dir: str | Path) -> Path:
     out = run_dir / "report.html"
     out.write_text(page, encoding="utf-8")
     return out
+
+
+class ReportObserver:
+    """Writes a `TrainingRun`'s report when the run ends (or is interrupted), into the run's
+    directory, or beside a copy of its records when the backend keeps it elsewhere; sets
+    `summary.report`. A report that cannot be written is said, and the run's data is kept."""
+
+    async def __call__(self, event: Any) -> None:
+        from mcprl.train import RunEnded
+
+        if not isinstance(event, RunEnded) or not event.completed:
+            return
+        run = event.run
+        try:
+            if not run.kept_here:  # copy the run's records here
+                await export_run(run.backend, run.model, run.workdir)
+            event.summary.report = str(write_report(run.run_dir))
+        except Exception as exc:  # the run's data is safe; only the report is missing
+            logger.warning("could not write the report: %s", exc)
+            run.say(f"(no report: {exc})")

@@ -15,6 +15,10 @@
 
 `history.jsonl` is always written; trackers are copies of it. A missing package is found before
 the run starts (`open_trackers` raises `ValueError` naming the install command).
+
+`TrackerObserver(kinds)` follows a `mcprl.train.TrainingRun`'s events: it checks the packages
+when made, opens the trackers when the loop starts (with the history so far), logs each row the
+run appends and closes them when the run ends.
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["TRACKERS", "Tracker", "check_trackers", "close_trackers", "open_trackers"]
+__all__ = [
+    "TRACKERS",
+    "Tracker",
+    "TrackerObserver",
+    "check_trackers",
+    "close_trackers",
+    "open_trackers",
+]
 
 TRACKERS = ("csv", "tensorboard", "wandb")
 
@@ -145,3 +156,31 @@ def open_trackers(
 def close_trackers(trackers: Iterable[Tracker]) -> None:
     for tracker in trackers:
         tracker.close()
+
+
+class TrackerObserver:
+    """The trackers of a `TrainingRun`, fed from its events (see the module docstring)."""
+
+    def __init__(self, kinds: Iterable[str]) -> None:
+        self.kinds = list(kinds)
+        check_trackers(self.kinds)  # before the run does any work
+        self.trackers: list[Tracker] = []
+
+    async def __call__(self, event: Any) -> None:
+        from mcprl.train import RowRecorded, RunEnded, RunStarted
+
+        if isinstance(event, RunStarted):
+            config = event.run.config
+            self.trackers = open_trackers(
+                self.kinds,
+                event.run.run_dir,
+                name=f"{config.project}/{config.name}",
+                config=config.model_dump(mode="json", exclude={"rubric"}),
+                history=event.rows,
+            )
+        elif isinstance(event, RowRecorded):
+            for tracker in self.trackers:
+                tracker.log(event.row)
+        elif isinstance(event, RunEnded):
+            close_trackers(self.trackers)
+            self.trackers = []

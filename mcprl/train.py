@@ -29,8 +29,14 @@ CLI calls it on Ctrl-C) abandons rollouts in flight but lets a started training 
 record itself, so running again resumes where it stopped.
 
 The run uses only the `mcprl.backends.Backend` methods: its scenarios, settings, history and
-trajectories live with the backend. Its report is written where the backend keeps the run on
-this machine, else into `workdir` (a copy of the run's records, without checkpoints).
+trajectories live with the backend. It reads the history once, when the loop starts, and keeps
+the rows it appends.
+
+The loop emits events to its `observers` (async callables): `RunStarted` (with the history so
+far), `RowRecorded` (each history row a step or an evaluation appends) and `RunEnded`. The
+trackers (`mcprl.trackers.TrackerObserver`) and the report (`mcprl.report.ReportObserver`,
+written where the backend keeps the run on this machine, else into `workdir`) subscribe to
+them; `mcprl train` attaches both as its settings ask (`trackers`, `write_report`).
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,7 +54,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcprl._defaults import configured_llm
-from mcprl.backends import Backend, export_run
+from mcprl.backends import Backend
 from mcprl.collect import (
     SEED_STRIDE,
     collect_groups,
@@ -64,7 +71,6 @@ from mcprl.rewards import ReferenceReward, RewardFn, as_scorer, scorer
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet
 from mcprl.tokens import check_token_data
-from mcprl.trackers import close_trackers, open_trackers
 from mcprl.training import LoraConfig, TrainConfig
 from mcprl.types import TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError, Usage
@@ -196,6 +202,36 @@ class RunSummary(BaseModel):
     report: str | None = None
 
 
+@dataclass(frozen=True)
+class RunStarted:
+    """The loop begins; `rows`: the run's history so far (a resumed run has some)."""
+
+    run: TrainingRun
+    rows: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RowRecorded:
+    """A training step or an evaluation appended `row` to the run's history."""
+
+    run: TrainingRun
+    row: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    """The loop is over. `completed`: it ended by itself or was interrupted (Ctrl-C), and the
+    summary is filled in; False when an error ended it."""
+
+    run: TrainingRun
+    summary: RunSummary
+    completed: bool
+
+
+RunEvent = RunStarted | RowRecorded | RunEnded
+RunObserver = Callable[[RunEvent], Awaitable[None]]
+
+
 class TrainingRun:
     """One run of the loop in the module docstring, on any `Backend`."""
 
@@ -209,11 +245,13 @@ class TrainingRun:
         progress: bool = True,
         workdir: str | Path | None = None,
         reward: Judge | RewardFn | None = None,
+        observers: Sequence[RunObserver] = (),
     ) -> None:
         """`workdir`: where the report goes when the backend keeps the run elsewhere
         (default: `.mcprl/<project>/<name>`). `reward`: a `ruler.Judge` to rank the groups
         with (instead of `config.judge`), or a callable on a `TrajectoryGroup` returning its
-        rewards (see `mcprl.rewards.as_scorer`); None: `config.reward` decides."""
+        rewards (see `mcprl.rewards.as_scorer`); None: `config.reward` decides. `observers`:
+        what follows the run's events (module docstring)."""
         self.config = config
         self.server = server
         self.backend = backend
@@ -227,8 +265,8 @@ class TrainingRun:
             base_model=config.base_model,
             config={"lora": config.lora.model_dump()},
         )
-        self.trackers: list[Any] = []
-        self._tracked = 0  # history rows sent to the trackers
+        self.observers = list(observers)
+        self.rows: list[dict[str, Any]] = []  # the run's history, read once, then kept
         self.scenarios = ScenarioSet()
         self.judge: Judge | None = None
         self.reward: str = config.reward
@@ -245,6 +283,16 @@ class TrainingRun:
         """The run's directory on this machine: the backend's own, else `workdir`."""
         return self._local or self.workdir
 
+    @property
+    def kept_here(self) -> bool:
+        """The backend keeps the run on this machine (else `run_dir` holds only a copy of its
+        records, made by whoever needs one: `mcprl.backends.export_run`)."""
+        return self._local is not None
+
+    async def _emit(self, event: RunEvent) -> None:
+        for observer in self.observers:
+            await observer(event)
+
     # -- preflight -----------------------------------------------------------------------------
 
     async def prepare(
@@ -254,14 +302,11 @@ class TrainingRun:
         make_scenarios: Callable[[ServerInfo | None], Any] | None = None,
     ) -> None:
         """Run the preflight checks (module docstring); raise `PreflightError` with the fix."""
-        from mcprl.trackers import check_trackers
-
         try:  # before anything is written or generated
             await self.backend.check_model(self.config.base_model)
         except ValueError as exc:
             raise PreflightError(str(exc)) from exc
         await self.backend.claim(self.model)  # one writer per run: a second fails here
-        check_trackers(self.config.trackers)
         self._local = await self.backend.local_dir(self.model)
         if self.server is not None:
             self.info = await inspect_server(self.server)
@@ -403,53 +448,33 @@ class TrainingRun:
         await self.backend.write_file(
             self.model, "run_config.json", self.config.model_dump_json(indent=2)
         )
-        await self._open_trackers()
+        self.rows = await self.backend.history(self.model)
+        await self._emit(RunStarted(self, list(self.rows)))
+        completed = False
         try:
             with anyio.CancelScope() as self._scope:
                 if self._stop:
                     self._scope.cancel()
-                if (start == 0 and not await self._has_val(0)) or await self._eval_due(start):
+                if (start == 0 and not self._has_val(0)) or self._eval_due(start):
                     await self._evaluate(summary)
-                    await self._track()
                 while self.model.step < config.steps:
                     await self._step(summary)
-                    await self._track()
-                    if await self._eval_due(self.model.step):
+                    if self._eval_due(self.model.step):
                         await self._evaluate(summary)
-                        await self._track()
+            summary.interrupted = self._scope.cancel_called
+            summary.last_step = self.model.step
+            _fill_baseline(summary, self.rows)
+            summary.run_dir = str(self.run_dir)
+            completed = True
         finally:
             with anyio.CancelScope(shield=True):
-                await self._track()
-            close_trackers(self.trackers)
-        summary.interrupted = self._scope.cancel_called
-        summary.last_step = await self.model.get_step()
-        rows = await self.backend.history(self.model)
-        _fill_baseline(summary, rows)
-        if config.write_report:
-            summary.report = await self._report()
-        summary.run_dir = str(self.run_dir)
+                await self._emit(RunEnded(self, summary, completed))
         return summary
 
-    async def _open_trackers(self) -> None:
-        rows = await self.backend.history(self.model)
-        self.trackers = open_trackers(
-            self.config.trackers,
-            self.run_dir,
-            name=f"{self.config.project}/{self.config.name}",
-            config=self.config.model_dump(mode="json", exclude={"rubric"}),
-            history=rows,
-        )
-        self._tracked = len(rows)
-
-    async def _track(self) -> None:
-        """Send the history rows appended since the last call to the trackers."""
-        if not self.trackers:
-            return
-        rows = await self.backend.history(self.model)
-        for row in rows[self._tracked :]:
-            for tracker in self.trackers:
-                tracker.log(row)
-        self._tracked = len(rows)
+    async def _record(self, row: dict[str, Any]) -> None:
+        """Keep a row the backend appended to the history, and tell the observers."""
+        self.rows.append(row)
+        await self._emit(RowRecorded(self, row))
 
     def _scorer(self):
         if self.reward == "custom":
@@ -494,14 +519,13 @@ class TrainingRun:
             sampler.observe(groups)
         return sampler
 
-    async def _has_val(self, step: int) -> bool:
-        rows = await self.backend.history(self.model)
-        return any(r["step"] == step and "val/attempts" in r for r in rows)
+    def _has_val(self, step: int) -> bool:
+        return any(r["step"] == step and "val/attempts" in r for r in self.rows)
 
-    async def _eval_due(self, step: int) -> bool:
+    def _eval_due(self, step: int) -> bool:
         every = self.config.eval_every
         due = step == self.config.steps or (every > 0 and step % every == 0)
-        return step > 0 and due and not await self._has_val(step)
+        return step > 0 and due and not self._has_val(step)
 
     async def _step(self, summary: RunSummary) -> None:
         config, step = self.config, self.model.step + 1
@@ -526,6 +550,9 @@ class TrainingRun:
                 on_progress=bar.update,
             )
         m = result.metrics
+        await self._record(
+            {"step": result.step, **{f"train/{k}": v for k, v in m.items()}, **extra}
+        )
         times["train"] = m.get("time_train_s", 0.0)
         for k, v in times.items():
             summary.times[k] = summary.times.get(k, 0.0) + v
@@ -657,19 +684,8 @@ class TrainingRun:
         summary.times["eval"] = summary.times.get("eval", 0.0) + metrics["time_s"]
         with anyio.CancelScope(shield=True):
             await self.backend.log(self.model, metrics, "val", groups)
+            await self._record({"step": step, **{f"val/{k}": v for k, v in metrics.items()}})
         self.say(f"eval at step {step}: {_describe(metrics)}")
-
-    async def _report(self) -> str | None:
-        try:
-            from mcprl.report import write_report
-
-            if self._local is None:  # the run is kept elsewhere: copy its records here
-                await export_run(self.backend, self.model, self.workdir)
-            return str(write_report(self.run_dir))
-        except Exception as exc:  # the run's data is safe; only the report is missing
-            logger.warning("could not write the report: %s", exc)
-            self.say(f"(no report: {exc})")
-            return None
 
 
 def local_judge(

@@ -136,18 +136,21 @@ def test_piped_output_gets_one_line_per_phase_not_redraws(tmp_path):
     assert re.search(r"^scenarios for calculator: 4/4 in \d+ s, 4 tried", done.stderr, re.M)
 
 
-def test_a_phase_that_did_nothing_writes_no_line(capsys):
+def test_a_logged_phase_writes_a_line_when_it_starts_and_one_when_it_ends(capsys):
     from mcprl._progress import progress_bar
 
-    with progress_bar(total=3, desc="judging") as bar:
-        pass
     with progress_bar(total=2, desc="training", unit="attempt") as bar:
         bar.update(2)
+        bar.refresh()
         bar.set_postfix_str("reward 0.5")
     assert [*progress_bar([1, 2], desc="listing")] == [1, 2]
+    with progress_bar(total=3, desc="judging", enabled=False) as bar:
+        bar.update(3)
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(" in ")[0] for line in lines] == [
+        "training: 2 attempts …",
         "training: 2/2 attempts",
+        "listing: 2 …",
         "listing: 2/2",
     ]
-    assert lines[0].endswith(", reward 0.5")
+    assert lines[1].endswith(", reward 0.5")

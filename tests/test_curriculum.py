@@ -521,3 +521,47 @@ async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_othe
     assert solved == ["add"]
     assert backend.rows[1]["train/attempts_explored"] == 7
     assert "7 attempts explored" in said[-1]
+
+
+@pytest.mark.anyio
+async def test_a_run_reads_its_history_once_and_its_observers_see_every_row(tmp_path):
+    """The loop re-read the whole history 3-4 times a step to learn what it had just written
+    (an HTTP call each on the remote backend); it keeps the rows it appends instead, and the
+    trackers and the report follow them as events."""
+    from mcprl.train import RowRecorded, RunEnded, RunStarted
+
+    class CountingBackend(FakeBackend):
+        reads = 0
+
+        async def history(self, model):
+            CountingBackend.reads += 1
+            return await super().history(model)
+
+    scenarios = ScenarioSet([_scenario(f"mixed{i}") for i in range(3)] + [_scenario("val")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "val" else "train"
+    events: list = []
+
+    async def observe(event) -> None:
+        events.append(event)
+
+    def policy_checked_first(body: dict) -> tuple[int, dict]:  # the token-data check: 1 message
+        messages = body["messages"]
+        return _policy({**body, "messages": [*messages, *messages][:2]})
+
+    with LocalChatServer(policy_checked_first) as policy:
+        backend = CountingBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=3, groups_per_step=1, rollouts_per_group=2, eval_every=2,
+                           reward="reference", write_report=False)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False, observers=[observe])  # fmt: skip
+        await run.prepare(scenarios)
+        reads_before = CountingBackend.reads
+        summary = await run.run()
+    assert CountingBackend.reads - reads_before == 1
+    assert isinstance(events[0], RunStarted) and isinstance(events[-1], RunEnded)
+    assert events[-1].completed and events[-1].summary is summary
+    rows = [e.row for e in events if isinstance(e, RowRecorded)]
+    assert rows == await backend.history(run.model)  # exactly what the backend appended
+    assert [r["step"] for r in rows if "val/attempts" in r] == [0, 2, 3]
+    assert summary.last_step == 3 and summary.baseline_step == 0 and summary.final_step == 3
