@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mcprl.errors import ScenarioGenerationError
+from mcprl.errors import ScenarioGenerationError, UsageError
 from mcprl.scenarios import Deduper, Scenario, ScenarioSet
 from ruler import DEFAULT_RUBRIC, JudgeError, LLMClient, Usage, extract_json
 
@@ -114,10 +114,10 @@ async def write_task_set(
     module docstring)."""
     say = say or logger.info
     if len(task.strip()) < 10:
-        raise ValueError("describe the task in a sentence or more (at least 10 characters)")
+        raise UsageError("describe the task in a sentence or more (at least 10 characters)")
     if generator is None:
         if inference is None:
-            raise ValueError("no generator: name a LiteLLM model or pass the local endpoint")
+            raise UsageError("no generator: name a LiteLLM model or pass the local endpoint")
         llm = LLMClient(
             f"openai/{inference.base_name}",
             api_base=inference.base_url,

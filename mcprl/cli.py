@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from mcprl import __version__
 from mcprl._defaults import configured_llm
-from mcprl.errors import MCPRLError
+from mcprl.errors import MCPRLError, UsageError
 from mcprl.mcp import ServerInfo, inspect_server
 from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_with_notes, reword_tasks
 from mcprl.trackers import TRACKERS
@@ -178,7 +178,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     dirs = [Path(d).expanduser() for d in args.allow_adapter_dir or []]
     for d in dirs:
         if not d.is_dir():
-            raise ValueError(f"--allow-adapter-dir {d}: no such directory")
+            raise UsageError(f"--allow-adapter-dir {d}: no such directory")
     _quiet_libraries()
     _set_threads(args)
     device = pick_device(args.device)  # a wrong --device fails before the model loads
@@ -191,7 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for item in args.lora or []:
         name, _, path = item.partition("=")
         if not path:
-            raise ValueError(f"--lora takes NAME=PATH, got {item!r}")
+            raise UsageError(f"--lora takes NAME=PATH, got {item!r}")
         engine.load_adapter(name, path)
     name = args.served_name or args.model
     app = build_app(engine, name, api_key, hosts=allowed_hosts(args.host), adapter_dirs=dirs)
@@ -219,7 +219,7 @@ def _serve_backend(args: argparse.Namespace, api_key: str | None) -> int:
     from mcprl.backends import LocalBackend, backend_routes
 
     if args.lora or args.allow_adapter_dir or args.served_name:
-        raise ValueError(
+        raise UsageError(
             "--train serves the runs under --path: --lora, --allow-adapter-dir and "
             "--served-name do not apply"
         )
@@ -401,7 +401,7 @@ def _run_config(args: argparse.Namespace, **overrides: Any):
     try:
         return RunConfig(**(fields | overrides))
     except ValidationError as exc:
-        raise ValueError(_option_error(exc)) from None
+        raise UsageError(_option_error(exc)) from None
 
 
 def _with_flags(defaults: Any, flags: dict[str, Any]) -> Any:
@@ -410,7 +410,7 @@ def _with_flags(defaults: Any, flags: dict[str, Any]) -> Any:
     try:
         return type(defaults)(**(defaults.model_dump() | flags))
     except ValidationError as exc:
-        raise ValueError(_option_error(exc)) from None
+        raise UsageError(_option_error(exc)) from None
 
 
 # `--quick`: a first run that trains real steps in a few minutes on a laptop CPU
@@ -752,7 +752,7 @@ def _backend(args: argparse.Namespace):
         from mcprl.backends import RemoteBackend
 
         if args.trainer != "auto":
-            raise ValueError(
+            raise UsageError(
                 f"--trainer {args.trainer}: a remote backend trains with its own trainer; "
                 "leave --trainer out with --backend URL"
             )
@@ -837,13 +837,13 @@ def _set_threads(args: argparse.Namespace) -> None:
         try:
             threads = int(os.environ["MCPRL_THREADS"])
         except ValueError:
-            raise ValueError(
+            raise UsageError(
                 f"MCPRL_THREADS={os.environ['MCPRL_THREADS']!r}: must be a whole number"
             ) from None
     if threads is None:
         return
     if threads < 1:
-        raise ValueError(f"--threads {threads}: must be 1 or more")
+        raise UsageError(f"--threads {threads}: must be 1 or more")
     import torch
 
     torch.set_num_threads(threads)
@@ -933,7 +933,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         judge = None
         if args.judge == "local":
             if all(isinstance(m, LiteLLMModel) for m in models):
-                raise ValueError("--judge local needs a local model (a run or 'base') to serve")
+                raise UsageError("--judge local needs a local model (a run or 'base') to serve")
             where = await backend.base_inference(args.base_model)
             judge = local_judge(where.base_name, where.base_url, where.api_key)
         elif args.judge:
@@ -976,11 +976,11 @@ async def _export_remote(args: argparse.Namespace) -> Path:
 
     project, _, name = args.run.partition("/")
     if not name:
-        raise ValueError(f"{args.run!r}: with --backend URL, name the run as PROJECT/NAME")
+        raise UsageError(f"{args.run!r}: with --backend URL, name the run as PROJECT/NAME")
     model = TrainableModel(name=name, project=project)
     backend = RemoteBackend(args.backend, api_key=args.api_key)
     if await backend.read_file(model, "model.json") is None:
-        raise ValueError(f"the backend at {backend.url} has no run {args.run}")
+        raise UsageError(f"the backend at {backend.url} has no run {args.run}")
     return await export_run(backend, model, Path(args.path) / project / name)
 
 
@@ -1247,7 +1247,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("mcp.client.stdio").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
-    except (MCPRLError, RulerError, ValueError, OSError) as exc:
+    except (MCPRLError, RulerError, OSError) as exc:  # the error tree: one line
         print(f"mcprl: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

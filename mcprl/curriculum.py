@@ -58,6 +58,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from mcprl.errors import UsageError
 from mcprl.rewards import Informative, is_informative
 from mcprl.scenarios import Scenario, has_reference
 from mcprl.types import TrajectoryGroup
@@ -124,19 +125,19 @@ class ScenarioSampler:
     ) -> None:
         self.scenarios = list(scenarios)
         if not self.scenarios:
-            raise ValueError("the sampler needs at least one scenario")
+            raise UsageError("the sampler needs at least one scenario")
         if mode not in get_args(Sampling):
             choices = ", ".join(get_args(Sampling))
-            raise ValueError(f"sampling mode {mode!r}: choose one of {choices}")
+            raise UsageError(f"sampling mode {mode!r}: choose one of {choices}")
         self.seed = seed
         self.min_weight = min_weight
         self.mode = mode
         self.informative = informative
         if not 0.0 < repeat_kind <= 1.0:
-            raise ValueError(f"repeat_kind={repeat_kind}: it must be in (0, 1]")
+            raise UsageError(f"repeat_kind={repeat_kind}: it must be in (0, 1]")
         self.repeat_kind = repeat_kind
         if not 0.0 < decay <= 1.0:
-            raise ValueError(f"decay={decay}: it must be in (0, 1]")
+            raise UsageError(f"decay={decay}: it must be in (0, 1]")
         self.decay = decay
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
         self._kind = {s.id: task_kind(s) for s in self.scenarios}

@@ -2,6 +2,7 @@
 
 ```
 MCPRLError
+├── UsageError                 a setting, argument or input cannot be used: the fix (ValueError)
 ├── ServerSpecError            a server spec or MCP config file cannot be used (ValueError)
 ├── MCPConnectionError         an MCP server could not be reached, or the connection was lost
 │   └── MCPServerStartError    the server did not start: bad command, exited, hung, junk on stdout
@@ -50,11 +51,17 @@ __all__ = [
     "ScenarioGenerationError",
     "ServerSpecError",
     "TokenDataError",
+    "UsageError",
 ]
 
 
 class MCPRLError(Exception):
     """Base class of every error raised by mcprl."""
+
+
+class UsageError(MCPRLError, ValueError):
+    """A setting, an argument or an input cannot be used; the message says how to fix it.
+    (A `ValueError` too, so code that caught `ValueError` before still does.)"""
 
 
 class ServerSpecError(MCPRLError, ValueError):

@@ -30,6 +30,7 @@ from mcprl.collect import (
     score_groups,
     summarize,
 )
+from mcprl.errors import UsageError
 from mcprl.rewards import ReferenceReward, reward_parts
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario
@@ -183,7 +184,7 @@ async def _run_of(spec: str, backend: Any, project: str) -> tuple[Any, str] | No
     if info is None:
         return None
     if step and not step.isdigit() and step != "latest":
-        raise ValueError(f"{spec!r}: the part after @ must be a step number or 'latest'")
+        raise UsageError(f"{spec!r}: the part after @ must be a step number or 'latest'")
     model.base_model = json.loads(info).get("base_model", model.base_model)
     return model, step
 
@@ -212,12 +213,12 @@ async def eval_scenarios(
     if scenarios is None and (bundled := bundled_scenarios(server)) is not None:
         scenarios, where = ScenarioSet.load(bundled), str(bundled)
     if scenarios is None:
-        raise ValueError(
+        raise UsageError(
             "no scenarios to evaluate on: pass --scenarios FILE (write one with `mcprl scenarios`)"
         )
     chosen = list(scenarios) if split == "all" else [s for s in scenarios if s.split == split]
     if not chosen:
-        raise ValueError(f"{where} has no scenarios in the {split!r} split; try --split all")
+        raise UsageError(f"{where} has no scenarios in the {split!r} split; try --split all")
     return chosen
 
 
@@ -243,13 +244,13 @@ async def backend_models(
         if run is not None:
             model, step = run
             if model.base_model != base_model:
-                raise ValueError(
+                raise UsageError(
                     f"{spec} was trained on {model.base_model!r}; pass --base-model with it"
                 )
             await backend.register(model)
             steps = await backend.list_checkpoints(model)
             if step.isdigit() and int(step) not in steps:
-                raise ValueError(
+                raise UsageError(
                     f"{spec}: no checkpoint for that step in {project}/{model.name} (it has "
                     f"{', '.join(map(str, steps))})"
                 )
@@ -266,7 +267,7 @@ async def backend_models(
         elif "/" in spec:
             models.append(LiteLLMModel(name=spec, api_base=api_base))
         else:
-            raise ValueError(
+            raise UsageError(
                 f"{spec!r} is neither a run of project {project!r} nor a LiteLLM model string "
                 "(provider/model, e.g. openai/gpt-4.1-mini)"
             )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from mcprl.errors import UsageError
 from mcprl.policy import LiteLLMModel, Model, policy_client
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class TrainableModel(BaseModel):
     @classmethod
     def _safe(cls, value: str) -> str:
         if not _NAME.match(value):
-            raise ValueError(
+            raise UsageError(
                 f"{value!r} must be 1-64 letters, digits, '.', '_' or '-' (it names a directory)"
             )
         return value
@@ -180,7 +181,7 @@ class TrainableModel(BaseModel):
         groups = list(groups) if groups is not None else None
         current = await self.get_step()
         if step is not None and step != current:
-            raise ValueError(f"log(step={step}): the backend is at step {current}")
+            raise UsageError(f"log(step={step}): the backend is at step {current}")
         values = summarize(groups, {}) if groups else {}
         values |= metrics or {}
         await self._need_backend().log(self, values, split, groups)

@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from mcprl.errors import UsageError
 from mcprl.scenarios import Reference, Scenario, normalize
 from mcprl.types import Trajectory, TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError
@@ -251,7 +252,7 @@ class ReferenceReward(BaseModel):
     @model_validator(mode="after")
     def _answer_dominates(self) -> ReferenceReward:
         if self.calls_weight + self.report_weight >= 1:
-            raise ValueError(
+            raise UsageError(
                 f"calls_weight + report_weight is {self.calls_weight + self.report_weight:g}; "
                 "keep it below 1 so that a wrong answer never scores like a right one"
             )
@@ -283,7 +284,7 @@ def reward_parts(
     """The reference reward and its components; raises if the scenario has no reference."""
     ref = scenario.reference
     if ref is None or (ref.answer is None and not ref.calls):
-        raise ValueError(f"scenario {scenario.id!r} has no reference answer or calls")
+        raise UsageError(f"scenario {scenario.id!r} has no reference answer or calls")
     w = weights or ReferenceReward()
     calls = calls_matched(trajectory, ref, tool_only=w.tool_only)
     repeats = float(_repeats(trajectory))
@@ -324,9 +325,9 @@ def scorer(
 ) -> Callable[[TrajectoryGroup], Any]:
     """An `after_each` callback for `gather_groups` that sets rewards (see module docstring)."""
     if ruler_weight > 0 and judge is None:
-        raise ValueError("ruler_weight > 0 needs a judge")
+        raise UsageError("ruler_weight > 0 needs a judge")
     if reference_weight <= 0 and ruler_weight <= 0:
-        raise ValueError("give reference_weight or ruler_weight a positive weight")
+        raise UsageError("give reference_weight or ruler_weight a positive weight")
 
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
         if not group.trajectories:
@@ -338,7 +339,7 @@ def scorer(
         ref_scores = None
         if reference_weight > 0:
             if scenario is None or scenario.reference is None:
-                raise ValueError(f"no reference for scenario {group.scenario_id!r}")
+                raise UsageError(f"no reference for scenario {group.scenario_id!r}")
             ref_parts = [reward_parts(t, scenario, reference) for t in group.trajectories]
             ref_scores = [p.reward for p in ref_parts]
             for t, p in zip(group.trajectories, ref_parts, strict=True):
@@ -389,7 +390,7 @@ async def ruler_score_group(
     never a reward of 0. A group of fewer than 2 attempts cannot be ranked: ValueError.
     """
     if len(group.trajectories) < 2:
-        raise ValueError(
+        raise UsageError(
             f"RULER ranks 2 or more attempts; this group has {len(group.trajectories)}"
         )
     judge = (
@@ -438,7 +439,7 @@ def as_scorer(reward: RewardFn) -> Callable[[TrajectoryGroup], Any]:
             return out
         values = list(out)
         if len(values) != len(group.trajectories):
-            raise ValueError(
+            raise UsageError(
                 f"the reward {name} returned {len(values)} values for a group of "
                 f"{len(group.trajectories)} attempts; return one number per attempt"
             )

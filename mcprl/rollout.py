@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from mcprl.errors import PreflightError
+from mcprl.errors import PreflightError, UsageError
 from mcprl.gather import note_turn
 from mcprl.mcp import MCPSession, ResultsAs, ToolInfo, open_session, openai_tools
 from mcprl.policy import policy_client
@@ -236,7 +236,7 @@ async def rollout(
         ]
         by_name = {t.name: t for t in mcp_tools}
         if config.first_tool is not None and config.first_tool not in by_name:
-            raise ValueError(
+            raise UsageError(
                 f"first_tool {config.first_tool!r} is not a tool of this server "
                 f"(it has {', '.join(by_name) or 'none'})"
             )

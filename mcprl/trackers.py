@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from mcprl.errors import UsageError
+
 __all__ = [
     "TRACKERS",
     "Tracker",
@@ -122,10 +124,10 @@ def check_trackers(names: Iterable[str]) -> None:
     """Raise `ValueError` for an unknown tracker or one whose package is missing."""
     for name in names:
         if name not in TRACKERS:
-            raise ValueError(f"--tracker {name}: unknown; choose from {', '.join(TRACKERS)}")
+            raise UsageError(f"--tracker {name}: unknown; choose from {', '.join(TRACKERS)}")
         package = _NEEDS.get(name)
         if package and importlib.util.find_spec(package) is None:
-            raise ValueError(
+            raise UsageError(
                 f"--tracker {name} needs the {package} package: pip install {package} "
                 "(or leave the tracker out: history.jsonl and --tracker csv need nothing)"
             )

@@ -64,7 +64,7 @@ from mcprl.collect import (
     summarize,
 )
 from mcprl.curriculum import Informative, Sampling, ScenarioSampler, is_informative
-from mcprl.errors import JudgeFailedError, PreflightError
+from mcprl.errors import JudgeFailedError, PreflightError, UsageError
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel, policy_client
 from mcprl.rewards import ReferenceReward, RewardFn, as_scorer, scorer
@@ -157,7 +157,7 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         if self.reward == "ruler" and self.val_attempts < 2:
-            raise ValueError("RULER compares attempts: val_attempts must be 2 or more")
+            raise UsageError("RULER compares attempts: val_attempts must be 2 or more")
         return self
 
 
@@ -175,7 +175,7 @@ def scheduled_lr(lr: float, schedule: str, step: int, steps: int) -> float:
         return lr * (1.0 - done)
     if schedule == "cosine":
         return lr * 0.5 * (1.0 + math.cos(math.pi * done))
-    raise ValueError(f"unknown learning-rate schedule {schedule!r}: constant, linear or cosine")
+    raise UsageError(f"unknown learning-rate schedule {schedule!r}: constant, linear or cosine")
 
 
 class RunSummary(BaseModel):

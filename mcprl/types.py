@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 
+from mcprl.errors import UsageError
+
 __all__ = [
     "AttemptError",
     "Choice",
@@ -306,7 +308,7 @@ def text_lines(path: str | os.PathLike[str]) -> list[str]:
         try:
             out.append(raw.decode("utf-8").removesuffix("\r"))
         except UnicodeDecodeError as exc:
-            raise ValueError(
+            raise UsageError(
                 f"{p} line {n}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
                 f"{exc.start + 1}); save the file as UTF-8"
             ) from None
@@ -323,7 +325,7 @@ def read_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
             try:
                 groups.append(TrajectoryGroup.model_validate_json(line))
             except ValueError as exc:
-                raise ValueError(f"{p} line {n}: not a trajectory group: {exc}") from exc
+                raise UsageError(f"{p} line {n}: not a trajectory group: {exc}") from exc
     return groups
 
 

@@ -30,6 +30,7 @@ import anyio
 from mcprl.backends._protocol import Inference, TrainResult
 from mcprl.backends._records import StoredRuns
 from mcprl.backends._store import RunStore, release_run
+from mcprl.errors import UsageError
 from mcprl.model import TrainableModel
 from mcprl.training import LoraConfig, TrainConfig
 from mcprl.types import TrajectoryGroup
@@ -102,7 +103,7 @@ class LocalBackend(StoredRuns):
 
         check_model(base_model)
         if self._base is not None and base_model != self._base:
-            raise ValueError(
+            raise UsageError(
                 f"this backend serves {self._base!r}; a model on {base_model!r} needs its own "
                 "backend"
             )
@@ -239,14 +240,14 @@ class LocalBackend(StoredRuns):
         # nothing is written until the model has loaded: a mistyped name leaves no trace
         info = RunStore(self.path, model.project, model.name, read_only=True).read_model_info()
         if info is not None and info.get("base_model") != model.base_model:
-            raise ValueError(
+            raise UsageError(
                 f"{self.path / model.project / model.name} was trained from "
                 f"{info.get('base_model')!r}, not {model.base_model!r}; use another model name "
                 "or project"
             )
         stored = LoraConfig(**(info or {}).get("lora", {}))
         if info is not None and "lora" in model.config and stored != lora:
-            raise ValueError(
+            raise UsageError(
                 f"{self.path / model.project / model.name} has a LoRA of r={stored.r}, "
                 f"alpha={stored.alpha}, not r={lora.r}, alpha={lora.alpha}; resume it with "
                 f"--lora-r {stored.r} --lora-alpha {stored.alpha}, or start a new run with --name"
@@ -316,7 +317,7 @@ class LocalBackend(StoredRuns):
             self._server = self._make_server(base_model, routes)
             self._base = base_model
         elif base_model != self._base:
-            raise ValueError(
+            raise UsageError(
                 f"this backend serves {self._base!r}; a model on {base_model!r} needs its own "
                 "backend"
             )

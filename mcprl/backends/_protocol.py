@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel
 
+from mcprl.errors import UsageError
 from mcprl.types import TrajectoryGroup, write_groups
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def check_run_file(name: str, *, write: bool) -> str:
     """`name` if a client may read (or write) it, else a `ValueError` naming those it may."""
     allowed = RUN_FILES if write else _READABLE
     if name not in allowed:
-        raise ValueError(
+        raise UsageError(
             f"{name!r} is not a run file that can be {'written' if write else 'read'}; "
             f"these can: {', '.join(allowed)}"
         )
@@ -76,7 +77,7 @@ def check_run_file(name: str, *, write: bool) -> str:
 
 def check_split(split: str) -> str:
     if not _SPLIT.match(split):
-        raise ValueError(f"split {split!r}: use letters, digits, '_' or '-' (e.g. train, val)")
+        raise UsageError(f"split {split!r}: use letters, digits, '_' or '-' (e.g. train, val)")
     return split
 
 

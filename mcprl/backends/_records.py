@@ -11,6 +11,7 @@ from typing import Any
 
 from mcprl.backends._protocol import check_run_file, check_split
 from mcprl.backends._store import RunStore, hold_run
+from mcprl.errors import UsageError
 from mcprl.model import TrainableModel
 from mcprl.types import TrajectoryGroup, read_groups
 
@@ -94,7 +95,7 @@ class StoredRuns:
         store = self._reader(model)
         steps = store.steps()
         if step not in steps:
-            raise ValueError(
+            raise UsageError(
                 f"{model.project}/{model.name} has no checkpoint of step {step}; it has "
                 f"{', '.join(map(str, steps)) or 'none'}"
             )

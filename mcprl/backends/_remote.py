@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from mcprl.backends._protocol import Inference, TrainResult
-from mcprl.errors import BackendError, BackendRequestError
+from mcprl.errors import BackendError, BackendRequestError, UsageError
 from mcprl.model import TrainableModel
 from mcprl.training import TrainConfig
 from mcprl.types import TrajectoryGroup
@@ -58,7 +58,7 @@ class RemoteBackend:
         url = url.rstrip("/")
         self.url = url.removesuffix("/v1")
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"--backend {url!r}: give the server's URL, e.g. http://gpu-box:8000")
+            raise UsageError(f"--backend {url!r}: give the server's URL, e.g. http://gpu-box:8000")
         self.api_key = api_key or os.environ.get("MCPRL_API_KEY") or "EMPTY"
         self.timeout, self.retry_for, self.poll_every = timeout, retry_for, poll_every
         self._base_names: dict[tuple[str, str], str] = {}

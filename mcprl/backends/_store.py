@@ -49,7 +49,8 @@ def hold_run(run_dir: str | os.PathLike[str]) -> None:
         if folder in _HELD:
             return
         folder.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(folder / ".writer.lock"), timeout=0)
+        # not thread-local: a run is taken in a worker thread and let go in another
+        lock = FileLock(str(folder / ".writer.lock"), timeout=0, thread_local=False)
         try:
             lock.acquire()
         except Timeout:

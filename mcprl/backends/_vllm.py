@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from mcprl.backends._local import LocalBackend
+from mcprl.errors import UsageError
 
 __all__ = ["VLLMBackend", "VLLMServer"]
 
@@ -65,7 +66,7 @@ class VLLMServer:
             self._wait(startup_timeout, attached=True)
             return
         if shutil.which("vllm") is None:
-            raise ValueError(
+            raise UsageError(
                 "vLLM is not installed here (no `vllm` command): install it on the GPU machine "
                 "(pip install vllm), or attach to a running server with --vllm-url URL"
             )
@@ -99,7 +100,7 @@ class VLLMServer:
                     return
             except httpx.HTTPError:
                 if attached:
-                    raise ValueError(
+                    raise UsageError(
                         f"no vLLM server answers at {self.root} (GET /health failed); start it "
                         "with `vllm serve MODEL --enable-lora` and "
                         "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, or check --vllm-url"
@@ -167,7 +168,7 @@ class VLLMBackend(LocalBackend):
 
         def start(base_model: str, routes: Sequence[Any]) -> VLLMServer:
             if routes:
-                raise ValueError("mcprl serve --train serves with mcprl's engine, not vLLM")
+                raise UsageError("mcprl serve --train serves with mcprl's engine, not vLLM")
             return VLLMServer(base_model, **options)
 
         super().__init__(
@@ -188,7 +189,7 @@ class VLLMBackend(LocalBackend):
         server = VLLMServer(base_model, url=self.vllm_url, api_key=self.vllm_api_key)
         served = server.served_models()
         if base_model not in served:
-            raise ValueError(
+            raise UsageError(
                 f"the vLLM server at {self.vllm_url} serves {', '.join(served)}, not "
                 f"{base_model!r}: pass --model with its name"
             )

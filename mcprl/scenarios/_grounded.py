@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
-from mcprl.errors import ScenarioGenerationError
+from mcprl.errors import ScenarioGenerationError, UsageError
 from mcprl.mcp import (
     ServerInfo,
     ToolInfo,
@@ -697,7 +697,7 @@ async def build_grounded(
     `ScenarioGenerationError` only when nothing could be built.
     """
     if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
+        raise UsageError(f"n must be at least 1, got {n}")
     started = time.perf_counter()
     info = info or await inspect_server(server, **session_options)
     report = GenerationReport(asked=n)

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcprl.errors import ScenarioGenerationError
+from mcprl.errors import ScenarioGenerationError, UsageError
 from mcprl.mcp import ResourceInfo, ServerInfo, ToolInfo
 from mcprl.scenarios._dedupe import Deduper
 from mcprl.scenarios._screen import server_paths
@@ -156,7 +156,7 @@ async def generate_scenarios(
     """Ask an LLM for `n` distinct, valid scenarios; with `server`, verify them on it (see the
     module docstring)."""
     if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
+        raise UsageError(f"n must be at least 1, got {n}")
     if not tools:
         raise ScenarioGenerationError("no tools to write scenarios for")
     llm = generator if isinstance(generator, LLMClient) else _client(generator, llm_options)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mcprl.errors import ScenarioFileError
+from mcprl.errors import ScenarioFileError, UsageError
 from mcprl.types import text_lines
 
 __all__ = ["Reference", "ReferenceCall", "Scenario", "ScenarioSet"]
@@ -64,7 +64,7 @@ class ScenarioSet:
         seen: set[str] = set()
         for s in self.scenarios:
             if s.id in seen:
-                raise ValueError(f"duplicate scenario id {s.id!r}")
+                raise UsageError(f"duplicate scenario id {s.id!r}")
             seen.add(s.id)
 
     def __len__(self) -> int:
@@ -87,7 +87,7 @@ class ScenarioSet:
         The split is stratified by difficulty so both sides see every level.
         """
         if not 0 <= val_fraction < 1:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+            raise UsageError(f"val_fraction must be in [0, 1), got {val_fraction}")
         rng = random.Random(seed)
         out = [s.model_copy() for s in self.scenarios]
         by_level: dict[int, list[Scenario]] = {}

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from mcprl.errors import UsageError
 from mcprl.serving._grammar import CanonicalTokens, GrammarFactory, apply_bitmask
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
@@ -226,7 +227,7 @@ class Engine:
         """Make the LoRA adapter at `path` resident under `name` (see `mcprl.serving._lora`)."""
         with self._model_lock:
             if name in self.adapters:
-                raise ValueError(f"an adapter named {name!r} is already loaded")
+                raise UsageError(f"an adapter named {name!r} is already loaded")
             self._adapters.load(name, path)
             self.adapters[name] = path
             if self.prefix_cache is not None:
@@ -775,7 +776,7 @@ class _Batch:
         """One batch of both: the shorter side is left-padded (masked out) to the longer. They
         go on sharing the prompt head both shared, if any."""
         if other.adapter != self.adapter:
-            raise ValueError("only rows for the same model share a batch")
+            raise UsageError("only rows for the same model share a batch")
         common = _shared_length([self.prefix, other.prefix])
         self._keep_shared(common)
         other._keep_shared(common)

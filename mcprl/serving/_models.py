@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from mcprl.errors import ModelNotFoundError
+from mcprl.errors import ModelNotFoundError, UsageError
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -216,7 +216,7 @@ def pick_device(device: str | None = "auto") -> str:
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA device is available here; use cpu or auto")
+        raise UsageError(f"--device {device}: no CUDA device is available here; use cpu or auto")
     return device
 
 
@@ -249,7 +249,7 @@ def pick_dtype(dtype: str | None = "auto", device: str = "cpu") -> DType:
     (see `native_bf16`), else float32; `float32` or `bfloat16` as given. Asking for bfloat16
     where the CPU would emulate it works, with a warning."""
     if dtype not in (None, "auto", "float32", "bfloat16"):
-        raise ValueError(f"--dtype {dtype}: choose auto, bfloat16 or float32")
+        raise UsageError(f"--dtype {dtype}: choose auto, bfloat16 or float32")
     on_cpu = not str(device).startswith("cuda")
     if dtype in (None, "auto"):
         if on_cpu:

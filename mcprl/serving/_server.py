@@ -43,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+from mcprl.errors import UsageError
 from mcprl.serving._api import ChatRequest, chat_response, error_body
 from mcprl.serving._chat import PromptTokens
 from mcprl.serving._engine import Engine, SamplingParams
@@ -353,7 +354,7 @@ def check_bind(host: str, api_key: str | None) -> None:
     except ValueError:
         loopback = host == "localhost"
     if not loopback and not api_key:
-        raise ValueError(
+        raise UsageError(
             f"binding {host} exposes the model beyond this machine; set an API key "
             "(--api-key) to do that, or bind 127.0.0.1"
         )

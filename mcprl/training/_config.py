@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mcprl.errors import UsageError
 from mcprl.rewards import Informative
 
 __all__ = ["LoraConfig", "ScaleRewards", "TrainConfig"]
@@ -95,7 +96,7 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         if self.loss == "gspo" and self.normalization != "sequence":
-            raise ValueError(
+            raise UsageError(
                 'loss "gspo" gives one loss per sequence; set normalization="sequence" with it'
             )
         return self

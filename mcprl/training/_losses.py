@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mcprl.errors import UsageError
 from mcprl.training._config import ScaleRewards
 
 __all__ = [
@@ -92,7 +93,7 @@ class Normalizer:
             return (masked.sum(-1) / lengths).sum() / max(self.total_sequences, 1)
         if self.kind == "fixed":
             return masked.sum() / (max(self.total_sequences, 1) * self.fixed_length)
-        raise ValueError(f"unknown normalisation {self.kind!r}")
+        raise UsageError(f"unknown normalisation {self.kind!r}")
 
 
 class PolicyLoss:

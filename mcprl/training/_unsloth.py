@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from mcprl.errors import UsageError
 from mcprl.serving import torch_dtype
 from mcprl.training._config import LoraConfig
 from mcprl.training._trainer import LoraTrainer
@@ -113,24 +114,24 @@ def pick_trainer(choice: str, device: str, *, separate_inference: bool) -> str:
     """`peft` or `unsloth`, for `choice` (auto, peft, unsloth) on `device`. `separate_inference`:
     the model is served by another process (vLLM), so Unsloth's patches cannot reach it."""
     if choice not in TRAINERS:
-        raise ValueError(f"trainer {choice!r}: choose one of {', '.join(TRAINERS)}")
+        raise UsageError(f"trainer {choice!r}: choose one of {', '.join(TRAINERS)}")
     gpu = device.startswith("cuda")
     if choice == "auto":
         return "unsloth" if gpu and separate_inference and unsloth_installed() else "peft"
     if choice == "unsloth":
         if not separate_inference:
-            raise ValueError(
+            raise UsageError(
                 "--trainer unsloth needs --backend vllm: Unsloth patches transformers' model "
                 "classes, which mcprl's own engine serves with in the same process; use "
                 "--trainer peft (the default) with this backend"
             )
         if not gpu:
-            raise ValueError(
+            raise UsageError(
                 f"--trainer unsloth trains on a CUDA GPU only, and this run's device is {device}: "
                 "use --trainer peft, or --device cuda on a GPU machine"
             )
         if not unsloth_installed():
-            raise ValueError(
+            raise UsageError(
                 "--trainer unsloth: Unsloth is not installed here (pip install unsloth, or "
                 "pip install -e '.[gpu]'); or use --trainer peft"
             )
