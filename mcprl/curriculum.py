@@ -11,9 +11,9 @@ a Beta posterior mean whose prior falls with difficulty (0.8 for difficulty 1 do
 difficulty 5), so a run starts from the easy end and moves on as the easy tasks stop teaching.
 The policy changes every step, so the counts are of recent groups: each new group of a scenario
 (or kind) multiplies the weight of its earlier groups, and of the prior, by `decay` (1/2), and
-the estimate follows what the policy does now. (With plain counts, until L51, a kind that
+the estimate follows what the policy does now. (With plain counts, as before, a kind that
 taught at its first three or four groups and was solved by every attempt after kept a weight
-near 1/2 for the rest of the run: in a seed-0 calculator run (L49), the divisions were drawn
+near 1/2 for the rest of the run: in a seed-0 calculator run, the divisions were drawn
 and tied at each of steps 4-10.)
 A floor (`min_weight`) keeps every scenario drawable, so one that stopped teaching can come back.
 A step draws *kinds* of task (the tools a reference calls, in order) one at a time, each with
@@ -22,18 +22,18 @@ times its weight for each time it was drawn: one kind the policy half-solves can
 a redraw after a tie tries another kind first (in a calculator run that drew scenarios alone,
 the "Add X and Y" tasks filled half of every step, and the policy learned to call `add` for
 everything, multiplications and square roots included), and a step is not made to spend its
-draws on kinds that stopped teaching only because they differ from the rest. (Until L49 a step
+draws on kinds that stopped teaching only because they differ from the rest. (Before, a step
 took one scenario of as many different kinds as it drew before any second one: with 4 to 6 draws
 from 11 kinds, 17 of the 60 draws of a seed-0 run went to the four kinds of 2-4 calls, which no
 attempt ever solved.) Kinds are drawn by weight alone, however many scenarios each has.
 `mode="fresh"` (the default, as in `mcprl train`) estimates the chance per kind instead (the
 groups of all its scenarios pooled), and draws a kind's least-drawn scenarios before any it has
 drawn more often. Per scenario, a task the policy half-solves keeps winning the draw, and the
-policy learns that task's numbers: in a calculator run (seed 0, L30), "3 to the power of 2" was
+policy learns that task's numbers: in a calculator run (seed 0), "3 to the power of 2" was
 drawn at steps 4 and 5, its attempts that called `power` with base 2 (right tool, wrong numbers)
 beat the `add` calls around them, and at step 9 five of eight attempts at "7 to the power of 3"
-called `power(base=2, exponent=3)`. `mode="curriculum"` makes the estimate per scenario (the
-default until L32); `mode="uniform"` draws every scenario with the same weight (the baseline
+called `power(base=2, exponent=3)`. `mode="curriculum"` makes the estimate per scenario (an
+earlier default); `mode="uniform"` draws every scenario with the same weight (the baseline
 this is measured against).
 Draws are weighted, without replacement, and seeded by (seed, step, round): a resumed run that
 replays the same history draws the same scenarios.

@@ -20,7 +20,7 @@
   result of a tool the reference calls: a wrong tool's copied result then earns nothing, so a
   group where no attempt picked the right tool ties instead of training the wrong tools. Over
   three training seeds it changed held-out val gains from +34.7/+19.4/+2.8 to
-  +27.8/+15.3/+8.3 points (benchmarks/RESULTS.md, L20-L22): no better on average, so it is
+  +27.8/+15.3/+8.3 points (benchmarks/RESULTS.md): no better on average, so it is
   not the default. A reference with calls and no answer scores the share of calls made.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
   reward from references, RULER, or both with weights, and records the parts as metrics

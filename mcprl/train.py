@@ -141,8 +141,8 @@ class RunConfig(BaseModel):
     )
     train: TrainConfig = Field(
         # a LoRA on the 135M default learns in a few steps only at this rate, decaying linearly
-        # (L11, L13: at a constant 2e-3 it collapsed); use 1e-5..5e-5 for billion-parameter
-        # models. Only groups with a success beside a failure train (L42-L45: +31.5 points on
+        # (at a constant 2e-3 it collapsed); use 1e-5..5e-5 for billion-parameter
+        # models. Only groups with a success beside a failure train (+31.5 points on
         # average over three seeds against +28.7 for any differing rewards, and faster steps).
         # See benchmarks/RESULTS.md, "Does training help?"
         default_factory=lambda: TrainConfig(learning_rate=2e-3, informative="success")

@@ -133,7 +133,7 @@ class Engine:
         self.grammars = GrammarFactory(
             self.tokenizer, int(config.vocab_size), sorted(self.stop_token_ids)
         )
-        # off by default: measured, it made learning worse (CanonicalTokens, RESULTS.md L15)
+        # off by default: measured, it made learning worse (CanonicalTokens, RESULTS.md)
         use_canonical = canonical or os.environ.get("MCPRL_CANONICAL", "0") == "1"
         self.canonical = (
             CanonicalTokens(self.tokenizer, int(config.vocab_size)) if use_canonical else None

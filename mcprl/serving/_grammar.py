@@ -163,7 +163,7 @@ class CanonicalTokens:
     whole.
 
     The engine uses it only when asked (`Engine(canonical=True)`, `MCPRL_CANONICAL=1`): on the
-    calculator's default run it cut learning from +25.0 to +19.4 points (RESULTS.md, L15). The
+    calculator's default run it cut learning from +25.0 to +19.4 points (benchmarks/RESULTS.md). The
     trainer learns the respelled token at the model's own log-probability (`}}` at -8 to -11)
     while the model chose `}`, so what it chose is never reinforced.
     """

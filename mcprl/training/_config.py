@@ -55,7 +55,7 @@ class TrainConfig(BaseModel):
         "before this step's first update (`trainer`, as TRL and verl do: with one update per "
         "step the ratio is exactly 1, so only later mini-batches clip), or the ones the server "
         "sampled with (`sampler`). They differ by the two programs' rounding: in bfloat16 by "
-        "0.02-0.06 nats a token, which clipped 1-8% of the trained tokens (RESULTS.md, L42)",
+        "0.02-0.06 nats a token, which clipped 1-8% of the trained tokens (benchmarks/RESULTS.md)",
     )
     informative: Informative = Field(
         default="reward",
@@ -63,8 +63,8 @@ class TrainConfig(BaseModel):
         "those where some attempts succeeded and some failed (`success`, DAPO's filter; groups "
         "of scenarios without a reference answer fall back to `reward`). The training loop "
         "draws and redraws scenarios by the same rule; `mcprl train` defaults to `success` "
-        "where its reward checks references (`reference`, `both`; benchmarks/RESULTS.md, "
-        "L42-L45), the library to `reward`, as ART does",
+        "where its reward checks references (`reference`, `both`; benchmarks/RESULTS.md), "
+        "the library to `reward`, as ART does",
     )
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     updates_per_step: int = Field(
