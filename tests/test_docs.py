@@ -84,3 +84,10 @@ def test_the_ruler_example_scores_a_group_with_a_judge(policy_server):
     scores = [line.split() for line in out.splitlines()[:2]]
     assert len(scores) == 2 and all(0.0 <= float(s[1]) <= 1.0 for s in scores)
     assert re.search(r"prompt_tokens=[1-9]\d* .*judge_calls=[1-3] cached=False", out)
+
+
+def test_every_example_script_is_shown_in_the_docs():
+    included = set()
+    for page in (ROOT / "docs").glob("*.md"):
+        included |= set(re.findall(r'^--8<-- "([^"]+)"$', page.read_text(encoding="utf-8"), re.M))
+    assert included == {p.name for p in EXAMPLES.glob("*.py")}
