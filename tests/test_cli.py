@@ -154,3 +154,62 @@ def test_a_logged_phase_writes_a_line_when_it_starts_and_one_when_it_ends(capsys
         "listing: 2/2",
     ]
     assert lines[1].endswith(", reward 0.5")
+
+
+# `mcprl train` options that are not settings of the run (RunConfig): where its scenarios come
+# from, which backend runs it and how, and what is displayed
+_NOT_RUN_SETTINGS = {
+    "-h", "--scenarios", "-n", "--generator", "--allow-writes", "--path", "--quick", "--dtype",
+    "--device", "--threads", "--backend", "--api-key", "--vllm-url", "--vllm-sleep", "--trainer",
+    "-q",
+}  # fmt: skip
+
+
+def _flat(config) -> dict:
+    out = {}
+    for key, value in config.model_dump().items():
+        if isinstance(value, dict):
+            out |= {f"{key}.{k}": v for k, v in value.items()}
+        else:
+            out[key] = value
+    return out
+
+
+def _values(action) -> list[list[str]]:
+    if action.nargs == 0:
+        return [[]]
+    if action.choices:
+        return [[c] for c in action.choices]
+    if action.type is int:
+        return [["3"], ["1"]]
+    if action.type is float:
+        return [["0.37"], ["1.5"], ["2"]]
+    return [["some-value"]]
+
+
+def test_every_train_option_sets_a_run_setting_whose_default_lives_in_the_config():
+    """Each setting is declared once: a flag left out keeps RunConfig's own default, and every
+    other option of `mcprl train` changes one setting of the run."""
+    from mcprl.cli import _parser, _run_config
+    from mcprl.errors import UsageError
+    from mcprl.train import RunConfig
+
+    parser = _parser()
+    argv = ["train", "example:calculator", "--project", "p"]
+    base = _run_config(parser.parse_args(argv))
+    assert base == RunConfig(project="p")
+    unmapped = []
+    for action in parser.commands["train"]._actions:
+        flag = action.option_strings[-1] if action.option_strings else None
+        if flag is None or set(action.option_strings) & _NOT_RUN_SETTINGS:
+            continue
+        changed = set()
+        for value in _values(action):
+            try:
+                config = _run_config(parser.parse_args([*argv, flag, *value]))
+            except UsageError:  # out of the setting's range: the config refused it
+                continue
+            changed |= {k for k, v in _flat(config).items() if _flat(base)[k] != v}
+        if not changed:
+            unmapped.append(flag)
+    assert unmapped == []
