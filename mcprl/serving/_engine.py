@@ -134,9 +134,8 @@ class Engine:
             self.tokenizer, int(config.vocab_size), sorted(self.stop_token_ids)
         )
         # off by default: measured, it made learning worse (CanonicalTokens, RESULTS.md)
-        use_canonical = canonical or os.environ.get("MCPRL_CANONICAL", "0") == "1"
         self.canonical = (
-            CanonicalTokens(self.tokenizer, int(config.vocab_size)) if use_canonical else None
+            CanonicalTokens(self.tokenizer, int(config.vocab_size)) if canonical else None
         )
         self.adapters: dict[str, str] = {}
         self._adapters = ServedAdapters(self.model)
@@ -154,22 +153,14 @@ class Engine:
             self.model.set_attn_implementation(CPU_ATTENTION)
         # rows keep a cached prompt head once for all of them, not a copy each (`_Prefix`);
         # that needs mcprl's attention function, installed on CPU only
-        self.shared_attention = (
-            shared_attention
-            and self.device.type == "cpu"
-            and os.environ.get("MCPRL_SHARED_ATTENTION", "1") != "0"
-        )
+        self.shared_attention = shared_attention and self.device.type == "cpu"
         # prefills: admissions into the running batch; steps: forward passes of the batch
         # prefill_tokens: prompt tokens run through the model (after the shared-prefix cache)
         # shared_steps: steps whose rows read one copy of their common prompt head (`_Prefix`)
         self.stats = {"prefills": 0, "steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0,
                       "prefill_s": 0.0, "step_s": 0.0, "shared_steps": 0}  # fmt: skip
-        use_prefix = prefix_cache and os.environ.get("MCPRL_PREFIX_CACHE", "1") != "0"
-        self.prefix_cache = PrefixCache() if use_prefix else None
-        keep = conversation_cache and os.environ.get("MCPRL_CONVERSATION_CACHE", "1") != "0"
-        self.conversations = ConversationCache() if keep else None
-        threads = int(os.environ.get("MCPRL_TORCH_THREADS", "0")) or torch.get_num_threads()
-        torch.set_num_threads(threads)
+        self.prefix_cache = PrefixCache() if prefix_cache else None
+        self.conversations = ConversationCache() if conversation_cache else None
         self._worker = threading.Thread(target=self._run, name="mcprl-engine", daemon=True)
         self._worker.start()
 

@@ -162,7 +162,7 @@ class CanonicalTokens:
     Free text is left alone: where many tokens may follow, some next character keeps the token
     whole.
 
-    The engine uses it only when asked (`Engine(canonical=True)`, `MCPRL_CANONICAL=1`): on the
+    The engine uses it only when asked (`Engine(canonical=True)`): on the
     calculator's default run it cut learning from +25.0 to +19.4 points (benchmarks/RESULTS.md). The
     trainer learns the respelled token at the model's own log-probability (`}}` at -8 to -11)
     while the model chose `}`, so what it chose is never reinforced.
