@@ -24,7 +24,7 @@ import anyio
 from mcprl._progress import progress_bar
 from mcprl.gather import gather_groups
 from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_annotations
-from mcprl.policy import policy_client
+from mcprl.policy import Policy, policy_client
 from mcprl.rewards import is_success
 from mcprl.rollout import RolloutConfig, rollout
 from mcprl.scenarios import Scenario, has_reference
@@ -44,7 +44,7 @@ SEED_STRIDE = 1000
 
 
 async def collect_groups(
-    model: Any,
+    model: Policy,
     scenarios: Sequence[Scenario],
     server: Any,
     config: RolloutConfig,

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mcprl.backends import Backend
 from mcprl.collect import (
     collect_groups,
     has_reference,
@@ -167,7 +168,7 @@ def format_table(rows: Sequence[EvalRow]) -> str:
 # -- what `mcprl eval` evaluates, and where it writes ------------------------------------------
 
 
-async def _run_of(spec: str, backend: Any, project: str) -> tuple[Any, str] | None:
+async def _run_of(spec: str, backend: Backend, project: str) -> tuple[Any, str] | None:
     """(TrainableModel, the part after @) if `spec` names a run the backend keeps, else None."""
     import json
 
@@ -194,7 +195,7 @@ async def eval_scenarios(
     server: str,
     specs: Sequence[str],
     *,
-    backend: Any,
+    backend: Backend,
     project: str,
     split: str = "val",
 ) -> list[Scenario]:
@@ -224,7 +225,7 @@ async def eval_scenarios(
 
 async def backend_models(
     specs: Sequence[str],
-    backend: Any,
+    backend: Backend,
     *,
     project: str,
     base_model: str = "smollm2-135m",

@@ -48,7 +48,7 @@ from pydantic import BaseModel, Field
 from mcprl.errors import PreflightError, UsageError
 from mcprl.gather import note_turn
 from mcprl.mcp import MCPSession, ResultsAs, ToolInfo, open_session, openai_tools
-from mcprl.policy import policy_client
+from mcprl.policy import Policy, policy_client
 from mcprl.scenarios import Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
 from mcprl.types import Trajectory
@@ -199,7 +199,7 @@ def _parse_arguments(raw: str, tool: ToolInfo | None) -> tuple[dict[str, Any] | 
 
 
 async def rollout(
-    model: Any,
+    model: Policy,
     scenario: Scenario,
     server: Any,
     config: RolloutConfig | None = None,
@@ -338,7 +338,7 @@ def user_message(scenario: Scenario, config: RolloutConfig, kind: AnswerType | N
     return f"Please complete this task: {scenario.task}\n\n{rules}"
 
 
-async def _single_turn(model: Any, scenario: Scenario, config: RolloutConfig, client: Any):
+async def _single_turn(model: Policy, scenario: Scenario, config: RolloutConfig, client: Any):
     started = time.perf_counter()
     traj = Trajectory(metadata={"scenario_id": scenario.id, "model": model.served_name})
     traj.messages = [{"role": "user", "content": scenario.task}]
@@ -376,7 +376,7 @@ def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
     }
 
 
-def _trainable(model: Any) -> bool:
+def _trainable(model: Policy) -> bool:
     return bool(getattr(model, "wants_token_data", False))
 
 
