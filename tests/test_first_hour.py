@@ -210,7 +210,9 @@ def test_the_summary_says_how_many_steps_updated_the_model(capsys):
 
 
 @pytest.mark.anyio
-async def test_the_attempts_bar_moves_per_turn(capsys):
+async def test_the_attempts_bar_moves_per_turn(capsys, monkeypatch):
+    monkeypatch.setattr("mcprl._progress._is_terminal", lambda: True)  # the bar of a terminal
+
     async def attempt() -> Trajectory:
         for _ in range(3):
             note_turn(10)  # what `rollout` reports after each model reply
