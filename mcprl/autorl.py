@@ -197,7 +197,7 @@ async def _inputs(
             return accepted
     raise ScenarioGenerationError(
         f"got {len(accepted)} of {n} distinct inputs from {llm.model} in {rounds} rounds; ask "
-        "for fewer (-n), describe the task more fully, or use a stronger --generator"
+        "for fewer (`n`), describe the task more fully, or use a stronger `generator`"
     )
 
 

@@ -262,7 +262,60 @@ def _serve_backend(args: argparse.Namespace, api_key: str | None) -> int:
 def _say(text: str) -> None:
     from tqdm.auto import tqdm
 
-    tqdm.write(text, file=sys.stderr)
+    tqdm.write(flags_for(text), file=sys.stderr)
+
+
+# The library names a setting as `field` or `field=value` (RunConfig's fields, and the
+# parameters of the functions the commands call); the CLI says which flag sets it.
+_FLAG_OF = {
+    "base_model": "--model",
+    "name": "--name",
+    "scenarios": "--scenarios",
+    "judge": "--judge",
+    "judge_api_base": "--judge-api-base",
+    "reward": "--reward",
+    "val_attempts": "--val-attempts",
+    "rollouts_per_group": "--rollouts-per-group",
+    "oversample": "--oversample",
+    "lora.r": "--lora-r",
+    "lora.alpha": "--lora-alpha",
+    "trackers": "--tracker",
+    "trainer": "--trainer",
+    "backend": "--backend",
+    "api_key": "--api-key",
+    "vllm_url": "--vllm-url",
+    "device": "--device",
+    "dtype": "--dtype",
+    "allow_writes=True": "--allow-writes",
+    "generator": "--generator",
+    "grounded": "--grounded",
+    "n": "-n",
+    "split": "--split",
+    "eval_base_model": "--base-model",
+    "rollout.look_before_answer=False": "--early-answer",
+}
+_SETTING = re.compile(r"`([a-z_][a-z_.]*)(?:=([^`\s]+))?`")
+
+
+class _FlagsInLogs(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = flags_for(record.getMessage()), None
+        return True
+
+
+def flags_for(text: str) -> str:
+    """`text` with the settings it names (`field`, `field=value`) as the flags that set them."""
+
+    def flag(match: re.Match[str]) -> str:
+        field, value = match.group(1), match.group(2)
+        whole = f"{field}={value}" if value is not None else field
+        if whole in _FLAG_OF:
+            return _FLAG_OF[whole]
+        if field not in _FLAG_OF:
+            return match.group(0)
+        return _FLAG_OF[field] + (f" {value}" if value is not None else "")
+
+    return _SETTING.sub(flag, text)
 
 
 def _slug(text: str) -> str:
@@ -1243,12 +1296,14 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:  # the library's warnings, with flags
+        handler.addFilter(_FlagsInLogs())
     # The MCP SDK logs each unparsable stdout line with a traceback; mcprl reports it itself.
     logging.getLogger("mcp.client.stdio").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
     except (MCPRLError, RulerError, OSError) as exc:  # the error tree: one line
-        print(f"mcprl: error: {exc}", file=sys.stderr)
+        print(f"mcprl: error: {flags_for(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("mcprl: interrupted", file=sys.stderr)

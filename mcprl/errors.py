@@ -10,7 +10,7 @@ MCPRLError
 ├── ScenarioFileError          a scenario file has a bad line (ValueError)
 ├── ScenarioGenerationError    could not produce the scenarios asked for
 ├── PreflightError             a training run cannot start: what is missing and how to fix it
-├── ModelNotFoundError         a --model that is no known name, local directory or hub model
+├── ModelNotFoundError         a model that is no known name, local directory or hub model
 ├── CheckpointError            a checkpoint cannot be loaded safely (never unpickled)
 ├── RunLockedError             another process is writing the same run folder
 ├── JudgeFailedError           the judge failed on too many groups of a step: the step is not kept
@@ -104,7 +104,7 @@ class RunLockedError(MCPRLError):
 
 
 class ModelNotFoundError(MCPRLError, ValueError):
-    """`--model` names no known model, no local directory and no model a hub can give."""
+    """A model name that is no known model, no local directory and no model a hub can give."""
 
 
 class CheckpointError(MCPRLError):

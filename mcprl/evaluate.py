@@ -215,11 +215,11 @@ async def eval_scenarios(
         scenarios, where = ScenarioSet.load(bundled), str(bundled)
     if scenarios is None:
         raise UsageError(
-            "no scenarios to evaluate on: pass --scenarios FILE (write one with `mcprl scenarios`)"
+            "no scenarios to evaluate on: give `scenarios=FILE` (write one with `mcprl scenarios`)"
         )
     chosen = list(scenarios) if split == "all" else [s for s in scenarios if s.split == split]
     if not chosen:
-        raise UsageError(f"{where} has no scenarios in the {split!r} split; try --split all")
+        raise UsageError(f"{where} has no scenarios in the {split!r} split; try `split=all`")
     return chosen
 
 
@@ -246,7 +246,7 @@ async def backend_models(
             model, step = run
             if model.base_model != base_model:
                 raise UsageError(
-                    f"{spec} was trained on {model.base_model!r}; pass --base-model with it"
+                    f"{spec} was trained on {model.base_model!r}; give it as `eval_base_model`"
                 )
             await backend.register(model)
             steps = await backend.list_checkpoints(model)

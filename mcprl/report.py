@@ -303,7 +303,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
             fig,
             "trainer.png",
             "The trainer per step: loss, gradient norm (before clipping), KL to the base model "
-            "(0 unless --beta), the share of tokens whose ratio was clipped, and how far "
+            "(0 without a KL term), the share of tokens whose ratio was clipped, and how far "
             "log-probabilities moved from the rollout's (mean absolute).",
         )
     return made

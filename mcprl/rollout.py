@@ -421,8 +421,7 @@ async def _complete(
             raise PreflightError(
                 f"the endpoint of {served!r} rejected OpenAI's allowed_tools tool_choice ({exc}),"
                 " which mcprl sends so that an attempt cannot answer before its first tool "
-                "call; turn that off with --early-answer (RolloutConfig(look_before_answer="
-                "False))"
+                "call; turn that off with `rollout.look_before_answer=False`"
             ) from exc
         raise
     usage = getattr(response, "usage", None)

@@ -124,12 +124,12 @@ def check_trackers(names: Iterable[str]) -> None:
     """Raise `ValueError` for an unknown tracker or one whose package is missing."""
     for name in names:
         if name not in TRACKERS:
-            raise UsageError(f"--tracker {name}: unknown; choose from {', '.join(TRACKERS)}")
+            raise UsageError(f"`trackers={name}`: unknown; choose from {', '.join(TRACKERS)}")
         package = _NEEDS.get(name)
         if package and importlib.util.find_spec(package) is None:
             raise UsageError(
-                f"--tracker {name} needs the {package} package: pip install {package} "
-                "(or leave the tracker out: history.jsonl and --tracker csv need nothing)"
+                f"`trackers={name}` needs the {package} package: pip install {package} "
+                "(or leave the tracker out: history.jsonl and `trackers=csv` need nothing)"
             )
 
 

@@ -345,8 +345,8 @@ class TrainingRun:
             if stored is not None and _ids(stored) != _ids(scenarios):
                 raise PreflightError(
                     f"this run ({self.config.project}/{self.config.name}) trained on other "
-                    "scenarios, kept with it as scenarios.jsonl; train a new run with --name, "
-                    "or pass --scenarios with that file"
+                    "scenarios, kept with it as scenarios.jsonl; train a new run with another "
+                    "`name`, or pass that file as its `scenarios`"
                 )
         elif stored is not None:
             scenarios, where = stored, "stored with the run"
@@ -377,19 +377,19 @@ class TrainingRun:
             if not with_refs and not external:
                 # the local base model is too weak a judge to train on alone (RESULTS.md)
                 raise PreflightError(
-                    "some scenarios have no reference answer and no judge is configured; pass "
-                    "--judge MODEL (any LiteLLM model), use scenarios with references "
-                    "(`mcprl scenarios --grounded`), or --reward ruler to train on the local "
+                    "some scenarios have no reference answer and no judge is configured; set "
+                    "`judge=MODEL` (any LiteLLM model), use scenarios with references "
+                    "(`mcprl scenarios --grounded`), or `reward=ruler` to train on the local "
                     "base model's judgement anyway (weak: see benchmarks/RESULTS.md)"
                 )
             mode = ("both" if external else "reference") if with_refs else "ruler"
         if mode in ("reference", "both") and not with_refs:
             raise PreflightError(
-                f"--reward {mode} needs a reference answer or calls on every scenario, and some "
-                "have none; use --reward ruler, or scenarios with references (--grounded)"
+                f"`reward={mode}` needs a reference answer or calls on every scenario, and some "
+                "have none; use `reward=ruler`, or scenarios with references (`grounded`)"
             )
         if mode == "ruler" and self.config.val_attempts < 2:
-            raise PreflightError("RULER compares attempts: set --val-attempts to 2 or more")
+            raise PreflightError("RULER compares attempts: set `val_attempts` to 2 or more")
         return mode
 
     def _make_judge(self) -> Judge:
@@ -413,7 +413,7 @@ class TrainingRun:
         except JudgeError as exc:
             raise PreflightError(
                 f"the judge {llm.model} does not answer: {exc}. Check its API key or "
-                "--judge-api-base, pick another with --judge, or use --reward reference"
+                "`judge_api_base`, pick another `judge`, or use `reward=reference`"
             ) from exc
 
     # -- the loop ------------------------------------------------------------------------------
@@ -738,11 +738,11 @@ def _alike_warning(groups: list[TrajectoryGroup], reward: str) -> str | None:
         return (
             f"the judge gave every attempt of this step the same score ({value:.2f}), so there "
             "is nothing to learn from it; a judge that cannot tell attempts apart needs a "
-            "stronger model (--judge) or a clearer rubric"
+            "stronger model (`judge`) or a clearer rubric"
         )
     return (
         f"every attempt of this step scored {value:.2f}: the scenarios drawn are all too easy or "
-        "all too hard for the model now (more --rollouts-per-group or --oversample find "
+        "all too hard for the model now (more `rollouts_per_group` or `oversample` find "
         "differing groups more often)"
     )
 

@@ -213,3 +213,18 @@ def test_every_train_option_sets_a_run_setting_whose_default_lives_in_the_config
         if not changed:
             unmapped.append(flag)
     assert unmapped == []
+
+
+def test_library_errors_name_settings_and_the_cli_names_their_flags():
+    """Library messages name a setting as `field` or `field=value`; the CLI prints the flag."""
+    from mcprl.cli import flags_for
+
+    assert flags_for("resume with `lora.r=8` `lora.alpha=16`, or another `name`") == (
+        "resume with --lora-r 8 --lora-alpha 16, or another --name"
+    )
+    assert flags_for("off with `rollout.look_before_answer=False`") == "off with --early-answer"
+    assert flags_for("(`allow_writes=True` calls them)") == "(--allow-writes calls them)"
+    # a command, or a name that is no setting, stays as written
+    assert flags_for("see `mcprl scenarios --grounded` and `complete_task`") == (
+        "see `mcprl scenarios --grounded` and `complete_task`"
+    )

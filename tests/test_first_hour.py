@@ -139,7 +139,7 @@ def test_a_tracker_whose_package_is_missing_is_named_with_its_install(monkeypatc
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
     )
-    with pytest.raises(ValueError, match="--tracker wandb needs the wandb package: pip install"):
+    with pytest.raises(ValueError, match="`trackers=wandb` needs the wandb package: pip install"):
         check_trackers(["csv", "wandb"])
 
 
@@ -256,7 +256,7 @@ def test_dtype_auto_takes_float32_where_the_cpu_would_emulate_bfloat16(monkeypat
     assert pick_dtype("float32", "cpu") == "float32"
     with caplog.at_level("WARNING"):
         assert pick_dtype("bfloat16", "cpu") == "bfloat16"
-    assert "--dtype auto or float32" in caplog.text
+    assert "`dtype=auto` or `dtype=float32`" in caplog.text
     monkeypatch.setattr(_models, "native_bf16", lambda cpuinfo=None: True)
     assert pick_dtype("auto", "cpu") == "bfloat16"
     with pytest.raises(ValueError, match="auto, bfloat16 or float32"):

@@ -637,7 +637,7 @@ async def test_an_endpoint_that_rejects_allowed_tools_gets_an_error_naming_the_s
                 )
             return reply(call("complete_task", {"answer": 42}))
 
-    with pytest.raises(PreflightError, match="--early-answer"):
+    with pytest.raises(PreflightError, match=r"`rollout\.look_before_answer=False`"):
         await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=2), client=Rejects())
     config = RolloutConfig(max_turns=2, look_before_answer=False)
     t = await rollout(MODEL, SCENARIO, calculator, config, client=Rejects())

@@ -38,7 +38,7 @@ def test_a_bad_scenario_file_fails_before_the_model_loads(tmp_path, capsys):
 async def test_reference_reward_needs_references(tmp_path):
     backend = FakeBackend(tmp_path)
     run = TrainingRun(RunConfig(reward="reference"), None, backend, say=lambda _: None)
-    with pytest.raises(PreflightError, match="--reward reference needs a reference"):
+    with pytest.raises(PreflightError, match="`reward=reference` needs a reference"):
         await run.prepare(_scenarios(reference=False))
     assert backend.registered == []
 
@@ -58,9 +58,9 @@ async def test_auto_reward_never_trains_on_the_local_judge_alone(tmp_path, monke
                 "OPENROUTER_API_KEY"):  # fmt: skip
         monkeypatch.delenv(key, raising=False)
     run = TrainingRun(RunConfig(), None, FakeBackend(tmp_path), say=lambda _: None)
-    with pytest.raises(PreflightError, match="--judge MODEL") as info:
+    with pytest.raises(PreflightError, match="`judge=MODEL`") as info:
         await run.prepare(_scenarios(reference=False))
-    assert "--reward ruler" in str(info.value)
+    assert "`reward=ruler`" in str(info.value)
     # with references, auto trains on them and needs no judge at all
     run = TrainingRun(RunConfig(name="refs"), None, FakeBackend(tmp_path), say=lambda _: None)
     await run.prepare(_scenarios(reference=True))

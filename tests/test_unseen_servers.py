@@ -105,7 +105,7 @@ async def test_writing_tools_are_never_called_without_allow_writes(tmp_path):
     }
     assert called <= {"list_files", "read_file"}
     assert sorted(report.skipped_tools) == ["delete_file", "write_file"]
-    assert "--allow-writes" in report.describe()
+    assert "`allow_writes=True`" in report.describe()
     assert (tmp_path / "a.txt").read_text() == "hello"
     assert all(s.reference.calls[0].tool in called for s in scenarios)
 

@@ -152,15 +152,15 @@ def test_auto_trains_with_peft_where_unsloth_is_not_installed(monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # an import of it fails
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     assert pick_trainer("auto", "cuda", separate_inference=True) == "peft"
-    with pytest.raises(ValueError, match=r"Unsloth is not installed.*--trainer peft"):
+    with pytest.raises(ValueError, match=r"Unsloth is not installed.*`trainer=peft`"):
         pick_trainer("unsloth", "cuda", separate_inference=True)
 
 
 @pytest.mark.parametrize(
     ("device", "inference", "says"),
     [
-        ("cpu", True, r"CUDA GPU only, and this run's device is cpu: use --trainer peft"),
-        ("cuda", False, r"needs --backend vllm.*use --trainer peft"),
+        ("cpu", True, r"CUDA GPU only, and this run's device is cpu: use `trainer=peft`"),
+        ("cuda", False, r"needs `backend=vllm`.*use `trainer=peft`"),
     ],
 )
 def test_an_unsloth_request_it_cannot_serve_is_refused_with_the_fix(

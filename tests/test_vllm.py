@@ -52,7 +52,7 @@ def test_an_absent_vllm_server_is_named_with_the_fix(tmp_path):
     backend = VLLMBackend(tmp_path, vllm_url=f"http://127.0.0.1:{free_port()}")
     import anyio
 
-    with pytest.raises(ValueError, match=r"no vLLM server answers.*--vllm-url"):
+    with pytest.raises(ValueError, match=r"no vLLM server answers.*`vllm_url`"):
         anyio.run(backend.check_model, "smollm2-135m")
 
 

@@ -88,8 +88,8 @@ def backend_routes(backend: Any) -> list[tuple[str, Any, list[str]]]:
         if served is not None and wanted != served:
             raise fail(
                 400,
-                f"this server trains {served!r}, not {wanted!r}: pass --model {served}, or start "
-                f"another server with --model {wanted}",
+                f"this server trains {served!r}, not {wanted!r}: use `base_model={served}`, or "
+                f"start another server for `base_model={wanted}`",
                 "base_model",
             )
 

@@ -250,7 +250,8 @@ class LocalBackend(StoredRuns):
             raise UsageError(
                 f"{self.path / model.project / model.name} has a LoRA of r={stored.r}, "
                 f"alpha={stored.alpha}, not r={lora.r}, alpha={lora.alpha}; resume it with "
-                f"--lora-r {stored.r} --lora-alpha {stored.alpha}, or start a new run with --name"
+                f"`lora.r={stored.r}` `lora.alpha={stored.alpha}`, or start a new run with "
+                "another `name`"
             )
         self._ensure_server(model.base_model)
         # a run with checkpoints is only read until it trains here: evaluating a run that

@@ -58,7 +58,7 @@ class RemoteBackend:
         url = url.rstrip("/")
         self.url = url.removesuffix("/v1")
         if not self.url.startswith(("http://", "https://")):
-            raise UsageError(f"--backend {url!r}: give the server's URL, e.g. http://gpu-box:8000")
+            raise UsageError(f"`backend={url!r}`: give the server's URL, e.g. http://gpu-box:8000")
         self.api_key = api_key or os.environ.get("MCPRL_API_KEY") or "EMPTY"
         self.timeout, self.retry_for, self.poll_every = timeout, retry_for, poll_every
         self._base_names: dict[tuple[str, str], str] = {}
@@ -246,7 +246,7 @@ class RemoteBackend:
         if response.status_code == 401:
             raise BackendError(
                 f"the backend at {self.url} refused the API key (401): set MCPRL_API_KEY (or "
-                "--api-key) to the key its `mcprl serve --train` was started with",
+                "`api_key`) to the key its `mcprl serve --train` was started with",
                 401,
             )
         if response.status_code >= 400:

@@ -58,7 +58,7 @@ def hold_run(run_dir: str | os.PathLike[str]) -> None:
             who = holder.read_text(encoding="utf-8").strip() if holder.is_file() else ""
             raise RunLockedError(
                 f"{folder} is being written by another process ({who or 'unknown'}); wait for "
-                "it to end, or give this run another name (--name)"
+                "it to end, or give this run another `name`"
             ) from None
         _HELD[folder] = lock
         command = " ".join(Path(a).name if i == 0 else a for i, a in enumerate(sys.argv))

@@ -68,7 +68,7 @@ class VLLMServer:
         if shutil.which("vllm") is None:
             raise UsageError(
                 "vLLM is not installed here (no `vllm` command): install it on the GPU machine "
-                "(pip install vllm), or attach to a running server with --vllm-url URL"
+                "(pip install vllm), or attach to a running server with `vllm_url=URL`"
             )
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -103,7 +103,7 @@ class VLLMServer:
                     raise UsageError(
                         f"no vLLM server answers at {self.root} (GET /health failed); start it "
                         "with `vllm serve MODEL --enable-lora` and "
-                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, or check --vllm-url"
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1, or check `vllm_url`"
                     ) from None
             time.sleep(1.0)
         self.close()
@@ -191,5 +191,5 @@ class VLLMBackend(LocalBackend):
         if base_model not in served:
             raise UsageError(
                 f"the vLLM server at {self.vllm_url} serves {', '.join(served)}, not "
-                f"{base_model!r}: pass --model with its name"
+                f"{base_model!r}: set `base_model` to its name"
             )

@@ -110,7 +110,7 @@ class GenerationReport:
         if self.skipped_tools:
             text += (
                 f". Not called, as they may change the server's data: "
-                f"{', '.join(self.skipped_tools)} (--allow-writes calls them)"
+                f"{', '.join(self.skipped_tools)} (`allow_writes=True` calls them)"
             )
         return text
 
@@ -709,7 +709,7 @@ async def build_grounded(
             names = ", ".join(report.skipped_tools)
             raise ScenarioGenerationError(
                 f"every tool of {info.name!r} may change its data ({names}), so none was "
-                "called; pass --allow-writes (allow_writes=True) to call them, against a "
+                "called; set `allow_writes=True` to call them, against a "
                 "disposable copy of the server's data"
             )
     meta = [t for t in tools if is_meta_tool(t)]
@@ -773,7 +773,7 @@ async def build_grounded(
         example = f" The last failure: {report.last_error}." if report.last_error else ""
         raise ScenarioGenerationError(
             f"{report.describe()}.{example} The server may need arguments this sampler cannot "
-            "guess: use an LLM generator (--generator), or write scenarios by hand"
+            "guess: use an LLM `generator`, or write scenarios by hand"
         )
     return ScenarioSet(out), report
 

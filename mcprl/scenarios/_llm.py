@@ -202,8 +202,8 @@ async def generate_scenarios(
     why = "; ".join(problems[:3]) or "the replies repeated earlier tasks"
     raise ScenarioGenerationError(
         f"got {len(accepted)} of {n} distinct valid scenarios from {llm.model!r} after "
-        f"{rounds} rounds (last problems: {why}); try a stronger generator, a smaller -n, or "
-        "--grounded"
+        f"{rounds} rounds (last problems: {why}); try a stronger `generator`, a smaller `n`, "
+        "or `grounded`"
     )
 
 

@@ -33,7 +33,7 @@ def _check_tools(info: ServerInfo, calls: list[dict[str, Any]], allow_writes: bo
         if is_meta_tool(tool):
             return f"{tool.name} is a meta tool (a log, an echo, a demo)"
         if not allow_writes and tool_access(tool)[0] == "write":
-            return f"{tool.name} may change the server's data (--allow-writes calls it)"
+            return f"{tool.name} may change the server's data (`allow_writes=True` calls it)"
         if not isinstance(call.get("arguments", {}), dict):
             return f"the arguments of {tool.name} are not an object"
     return None

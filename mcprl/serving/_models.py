@@ -143,8 +143,8 @@ def check_model(name: str) -> None:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(
-                f"--model {name}: the directory has no config.json, so it is not a Hugging Face "
-                "model directory"
+                f"`base_model={name}`: the directory has no config.json, so it is not a Hugging "
+                "Face model directory"
             )
         return
     if path.suffix == ".gguf" and path.is_file():
@@ -153,7 +153,7 @@ def check_model(name: str) -> None:
         f"not {DEFAULT_MODEL!r} (the built-in default), nor a local model directory or .gguf file"
     )
     if _looks_like_path(name):
-        raise ModelNotFoundError(f"--model {name}: no such directory or .gguf file")
+        raise ModelNotFoundError(f"`base_model={name}`: no such directory or .gguf file")
     from huggingface_hub import model_info, try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
 
@@ -161,22 +161,22 @@ def check_model(name: str) -> None:
         if isinstance(try_to_load_from_cache(name, "config.json"), str):
             return  # in the local hub cache
     except HFValidationError as exc:
-        raise ModelNotFoundError(f"--model {name!r} is {known}, nor a valid hub id") from exc
+        raise ModelNotFoundError(f"`base_model={name!r}` is {known}, nor a valid hub id") from exc
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise ModelNotFoundError(
-            f"--model {name!r} is {known}, and the hub is off (HF_HUB_OFFLINE) with no copy "
+            f"`base_model={name!r}` is {known}, and the hub is off (HF_HUB_OFFLINE) with no copy "
             "of it in its cache"
         )
     try:
         model_info(name, timeout=10)
     except RepositoryNotFoundError as exc:
         raise ModelNotFoundError(
-            f"--model {name!r} is {known}, and the hub has no model of that name "
+            f"`base_model={name!r}` is {known}, and the hub has no model of that name "
             "(or it is private: log in with `hf auth login`)"
         ) from exc
     except Exception as exc:  # no network, a proxy, a timeout: the hub cannot say
         raise ModelNotFoundError(
-            f"--model {name!r} is {known}, and the hub cannot be reached to look for it "
+            f"`base_model={name!r}` is {known}, and the hub cannot be reached to look for it "
             f"({type(exc).__name__}: {str(exc)[:200]}); download the model and pass its directory"
         ) from exc
 
@@ -216,7 +216,7 @@ def pick_device(device: str | None = "auto") -> str:
     if device in (None, "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: no CUDA device is available here; use cpu or auto")
+        raise UsageError(f"`device={device}`: no CUDA device is available here; use cpu or auto")
     return device
 
 
@@ -249,7 +249,7 @@ def pick_dtype(dtype: str | None = "auto", device: str = "cpu") -> DType:
     (see `native_bf16`), else float32; `float32` or `bfloat16` as given. Asking for bfloat16
     where the CPU would emulate it works, with a warning."""
     if dtype not in (None, "auto", "float32", "bfloat16"):
-        raise UsageError(f"--dtype {dtype}: choose auto, bfloat16 or float32")
+        raise UsageError(f"`dtype={dtype}`: choose auto, bfloat16 or float32")
     on_cpu = not str(device).startswith("cuda")
     if dtype in (None, "auto"):
         if on_cpu:
@@ -260,7 +260,7 @@ def pick_dtype(dtype: str | None = "auto", device: str = "cpu") -> DType:
     if dtype == "bfloat16" and on_cpu and not native_bf16():
         logger.warning(
             "bfloat16 on a CPU without native bfloat16 (no avx512_bf16 or amx_bf16): torch "
-            "emulates it, about 100x slower than float32; use --dtype auto or float32"
+            "emulates it, about 100x slower than float32; use `dtype=auto` or `dtype=float32`"
         )
     return dtype  # type: ignore[return-value]
 

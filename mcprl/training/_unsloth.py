@@ -121,19 +121,19 @@ def pick_trainer(choice: str, device: str, *, separate_inference: bool) -> str:
     if choice == "unsloth":
         if not separate_inference:
             raise UsageError(
-                "--trainer unsloth needs --backend vllm: Unsloth patches transformers' model "
+                "`trainer=unsloth` needs `backend=vllm`: Unsloth patches transformers' model "
                 "classes, which mcprl's own engine serves with in the same process; use "
-                "--trainer peft (the default) with this backend"
+                "`trainer=peft` (the default) with this backend"
             )
         if not gpu:
             raise UsageError(
-                f"--trainer unsloth trains on a CUDA GPU only, and this run's device is {device}: "
-                "use --trainer peft, or --device cuda on a GPU machine"
+                f"`trainer=unsloth` trains on a CUDA GPU only, and this run's device is {device}: "
+                "use `trainer=peft`, or `device=cuda` on a GPU machine"
             )
         if not unsloth_installed():
             raise UsageError(
-                "--trainer unsloth: Unsloth is not installed here (pip install unsloth, or "
-                "pip install -e '.[gpu]'); or use --trainer peft"
+                "`trainer=unsloth`: Unsloth is not installed here (pip install unsloth, or "
+                "pip install -e '.[gpu]'); or use `trainer=peft`"
             )
     return choice
 
@@ -160,7 +160,7 @@ def trainer_factory(
                 raise
             logger.warning(
                 "Unsloth could not load %s (%s: %s); training with peft instead "
-                "(--trainer peft skips the try, --trainer unsloth makes this an error)",
+                "(`trainer=peft` skips the try, `trainer=unsloth` makes this an error)",
                 base_path, type(exc).__name__, str(exc)[:300],
             )  # fmt: skip
             return peft(base_path, lora, adapter)
