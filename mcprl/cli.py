@@ -297,10 +297,11 @@ _FLAG_OF = {
 _SETTING = re.compile(r"`([a-z_][a-z_.]*)(?:=([^`\s]+))?`")
 
 
-class _FlagsInLogs(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = flags_for(record.getMessage()), None
-        return True
+class _FlagsFormatter(logging.Formatter):
+    """The library's logged warnings, with the flags that set the settings they name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return flags_for(super().format(record))
 
 
 def flags_for(text: str) -> str:
@@ -1292,12 +1293,12 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    for handler in logging.getLogger().handlers:  # the library's warnings, with flags
-        handler.addFilter(_FlagsInLogs())
+    root = logging.getLogger()
+    if not root.handlers:  # as logging.basicConfig: only where nothing is set up yet
+        handler = logging.StreamHandler()
+        handler.setFormatter(_FlagsFormatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO if args.verbose else logging.WARNING)
     # The MCP SDK logs each unparsable stdout line with a traceback; mcprl reports it itself.
     logging.getLogger("mcp.client.stdio").setLevel(logging.CRITICAL)
     try:
