@@ -30,6 +30,12 @@ def checkout(rev: str) -> Iterator[Path]:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
 
 
+def sync(device: str) -> None:
+    """Wait for the GPU's queued work, so a wall-clock timer measures it (a no-op on a CPU)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def peak_gflops(
     dtype: torch.dtype, n: int = 2048, seconds: float = 2.0, device: str = "cpu"
 ) -> float:

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # with --compare, mcprl must come from the worktree on PYTHONPATH: this tree goes last
 sys.path.insert(len(sys.path) if "PYTHONPATH" in os.environ else 0, str(ROOT))
 
-from _machine import checkout, default_dtypes, peak_gflops  # noqa: E402
+from _machine import checkout, default_dtypes, peak_gflops, sync  # noqa: E402
 
 from mcprl.serving import LocalServer, load_model, pick_device, resolve_model  # noqa: E402
 from mcprl.serving._chat import render_prompt  # noqa: E402
@@ -76,11 +76,6 @@ def prompts_for(k: int) -> list[str]:
 
 def median_run(runs: list[Run]) -> Run:
     return sorted(runs, key=lambda r: r[2] / r[0])[len(runs) // 2]
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def _generate(loaded, batch: list[list[int]], tokens: int) -> None:
@@ -115,11 +110,11 @@ def bench_generate(loaded, k: int, tokens: int) -> Run:
     """Baseline: `generate` once per request, one request after another."""
     prompts = _prompt_ids(loaded, k)
     device = str(loaded.model.device)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     for ids in prompts:
         _generate(loaded, [ids], tokens)
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start, sum(map(len, prompts)), k * tokens
 
 
@@ -128,10 +123,10 @@ def bench_batched_generate(loaded, k: int, tokens: int) -> Run:
     offers for offline batches; it cannot take requests that arrive later)."""
     prompts = _prompt_ids(loaded, k)
     device = str(loaded.model.device)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     _generate(loaded, prompts, tokens)
-    _sync(device)
+    sync(device)
     return time.perf_counter() - start, sum(map(len, prompts)), k * tokens
 
 

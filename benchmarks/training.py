@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _machine import default_dtypes, peak_gflops  # noqa: E402
+from _machine import default_dtypes, peak_gflops, sync  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -81,11 +81,6 @@ def _group(args, vocab: int):
     )
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def run_mcprl(args, dtype: str) -> list[float]:
     from mcprl.serving import resolve_model
     from mcprl.training import LoraTrainer, TrainConfig
@@ -104,7 +99,7 @@ def run_mcprl(args, dtype: str) -> list[float]:
     for _ in range(args.steps + 1):
         start = time.perf_counter()
         trainer.step([group], config)
-        _sync(args.device)
+        sync(args.device)
         times.append(time.perf_counter() - start)
     return times[1:]
 
@@ -168,7 +163,7 @@ def run_trl(args, dtype: str) -> list[float]:
             trainer.accelerator.backward(loss)
             trainer.optimizer.step()
             trainer.optimizer.zero_grad()
-            _sync(args.device)
+            sync(args.device)
             times.append(time.perf_counter() - start)
         return times[1:]
 

@@ -21,12 +21,11 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
-from typing import Any
 
 import anyio
 
 from mcprl.errors import GatherError
-from mcprl.types import AttemptError, Trajectory, TrajectoryGroup
+from mcprl.types import AttemptError, Trajectory, TrajectoryGroup, first_error
 
 __all__ = ["GatherError", "gather_groups", "gather_trajectory_groups", "note_turn"]
 
@@ -176,7 +175,7 @@ async def gather_groups(
                     attempts.start_soon(run_group, i)
             tg.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
-        raise _first(eg) from None
+        raise first_error(eg) from None
     finally:
         _progress.reset(token)
         bar.close()
@@ -216,13 +215,3 @@ def _items(group: Sequence[Attempt] | TrajectoryGroup) -> list[Attempt]:
 def _scenario_id(trajectory: Trajectory) -> str | None:
     value = trajectory.metadata.get("scenario_id")
     return value if isinstance(value, str) else None
-
-
-def _first(group: BaseExceptionGroup) -> BaseException:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            return _first(exc)
-        if isinstance(exc, GatherError):
-            return exc
-    leaf: Any = group.exceptions[0]
-    return _first(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf

@@ -269,7 +269,7 @@ class TrajectoryGroup(BaseModel):
                 for item in pending:
                     tg.start_soon(attempt, item)
         except BaseExceptionGroup as group:
-            raise _first_leaf(group) from None
+            raise first_error(group) from None
         if self.scenario_id is None and self.trajectories:
             found = self.trajectories[0].metadata.get("scenario_id")
             self.scenario_id = found if isinstance(found, str) else None
@@ -329,6 +329,15 @@ def read_groups(path: str | os.PathLike[str]) -> list[TrajectoryGroup]:
     return groups
 
 
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The error to raise for a task group's failures: a `GatherError` where one is there (it
+    says how many attempts failed), else the first leaf."""
+    from mcprl.errors import GatherError
+
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return first_error(exc)
+        if isinstance(exc, GatherError):
+            return exc
     leaf: BaseException = group.exceptions[0]
-    return _first_leaf(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf
+    return first_error(leaf) if isinstance(leaf, BaseExceptionGroup) else leaf
