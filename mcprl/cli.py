@@ -904,11 +904,13 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 
 def _observers(config: Any) -> list[Any]:
-    """What follows a run's events: its trackers, and its report unless --no-report."""
+    """What follows a run's events: the console, its trackers, and its report unless
+    --no-report."""
+    from mcprl.console import Console
     from mcprl.report import ReportObserver
     from mcprl.trackers import TrackerObserver
 
-    observers: list[Any] = [TrackerObserver(config.trackers)]
+    observers: list[Any] = [Console(_say), TrackerObserver(config.trackers)]
     if config.write_report:
         observers.append(ReportObserver())
     return observers

@@ -29,6 +29,10 @@
 - `as_scorer(reward)`: a user's reward, a plain callable on a `TrajectoryGroup` (sync or async)
   that returns the rewards (one number per trajectory), the scored group, or None to drop it,
   made into the same kind of callback.
+- `Reward`: the reward a run trains on, as one typed value: named, weighted components
+  (`reference`, `ruler`) or a user's own function (`custom`), resolved from a run's `reward`
+  setting by `Reward.of`. Its `scorer(...)` is the callback above; its properties say what
+  follows from it (whether it checks references, needs a judge, which groups carry signal).
 - `ruler_score_group(group, judge)`: ART's function: RULER's scores become the rewards (the
   previous reward is kept as `metrics["independent_reward"]`).
 
@@ -44,6 +48,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -56,6 +61,8 @@ from ruler import DEFAULT_RUBRIC, Judge, JudgeError
 __all__ = [
     "Informative",
     "ReferenceReward",
+    "Reward",
+    "RewardFn",
     "RewardParts",
     "answer_matches",
     "as_scorer",
@@ -448,3 +455,74 @@ def as_scorer(reward: RewardFn) -> Callable[[TrajectoryGroup], Any]:
         return group
 
     return score
+
+
+_WEIGHTS = {"reference": (1.0, 0.0), "ruler": (0.0, 1.0), "both": (0.5, 0.5)}
+
+
+@dataclass(frozen=True)
+class Reward:
+    """What a run's attempts are scored by: weighted components, or a user's function.
+
+    `reference` and `ruler` weigh the reference check and the judge's score (a mix of both is
+    their weighted mean); `custom`, when set, replaces both (`as_scorer`).
+    """
+
+    reference: float = 0.0
+    ruler: float = 0.0
+    custom: RewardFn | None = None
+
+    @classmethod
+    def of(cls, mode: str, custom: RewardFn | None = None) -> Reward:
+        """The reward a resolved `reward` setting names: reference, ruler, both, or custom."""
+        if custom is not None:
+            return cls(custom=custom)
+        if mode not in _WEIGHTS:
+            raise UsageError(f"unknown reward {mode!r}: reference, ruler or both")
+        reference, ruler = _WEIGHTS[mode]
+        return cls(reference=reference, ruler=ruler)
+
+    @property
+    def name(self) -> str:
+        """`reference`, `ruler`, `both` or `custom` (for summaries and messages)."""
+        if self.custom is not None:
+            return "custom"
+        if self.reference > 0 and self.ruler > 0:
+            return "both"
+        return "reference" if self.reference > 0 else "ruler"
+
+    @property
+    def checks_references(self) -> bool:
+        """Part of the reward is the scenarios' reference check."""
+        return self.custom is None and self.reference > 0
+
+    @property
+    def needs_judge(self) -> bool:
+        return self.custom is None and self.ruler > 0
+
+    def informative(self, wanted: Informative) -> Informative:
+        """Which groups carry signal: by success (`wanted`) only when the reward checks the
+        references; with RULER alone or a custom reward, the rewards decide."""
+        return wanted if self.checks_references else "reward"
+
+    def scorer(
+        self,
+        scenarios: Mapping[str, Scenario],
+        *,
+        judge: Judge | None = None,
+        reference: ReferenceReward | None = None,
+        drop_failed_groups: bool = False,
+        on_drop: Callable[[TrajectoryGroup, Exception], None] | None = None,
+    ) -> Callable[[TrajectoryGroup], Any]:
+        """The async callback that scores a group with this reward (`scorer`, `as_scorer`)."""
+        if self.custom is not None:
+            return as_scorer(self.custom)
+        return scorer(
+            scenarios,
+            judge=judge,
+            reference_weight=self.reference,
+            ruler_weight=self.ruler,
+            reference=reference,
+            drop_failed_groups=drop_failed_groups,
+            on_drop=on_drop,
+        )

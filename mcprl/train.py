@@ -33,10 +33,12 @@ trajectories live with the backend. It reads the history once, when the loop sta
 the rows it appends.
 
 The loop emits events to its `observers` (async callables): `RunStarted` (with the history so
-far), `RowRecorded` (each history row a step or an evaluation appends) and `RunEnded`. The
+far), `GroupsDrawn` (a step's scored groups, before it trains), `RowRecorded` (each history row
+a step or an evaluation appends) and `RunEnded`. The console (`mcprl.console.Console`), the
 trackers (`mcprl.trackers.TrackerObserver`) and the report (`mcprl.report.ReportObserver`,
 written where the backend keeps the run on this machine, else into `workdir`) subscribe to
-them; `mcprl train` attaches both as its settings ask (`trackers`, `write_report`).
+them; `mcprl train` attaches all three as its settings ask (`trackers`, `write_report`). The
+loop itself says only what its preflight checks found (`say`).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from mcprl.curriculum import Informative, Sampling, ScenarioSampler, is_informat
 from mcprl.errors import JudgeFailedError, PreflightError, UsageError
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel, policy_client
-from mcprl.rewards import ReferenceReward, RewardFn, as_scorer, scorer
+from mcprl.rewards import ReferenceReward, Reward, RewardFn
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet
 from mcprl.tokens import check_token_data
@@ -75,7 +77,18 @@ from mcprl.training import LoraConfig, TrainConfig
 from mcprl.types import TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError, Usage
 
-__all__ = ["RunConfig", "RunSummary", "TrainingRun", "scheduled_lr"]
+__all__ = [
+    "GroupsDrawn",
+    "RowRecorded",
+    "RunConfig",
+    "RunEnded",
+    "RunEvent",
+    "RunObserver",
+    "RunStarted",
+    "RunSummary",
+    "TrainingRun",
+    "scheduled_lr",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +224,18 @@ class RunStarted:
 
 
 @dataclass(frozen=True)
+class GroupsDrawn:
+    """Step `step` rolled out and scored its groups (the informative ones first); it trains
+    next. `counts`: what the draw did (groups drawn, tied, trained, dropped; attempts
+    explored)."""
+
+    run: TrainingRun
+    step: int
+    groups: list[TrajectoryGroup]
+    counts: dict[str, float]
+
+
+@dataclass(frozen=True)
 class RowRecorded:
     """A training step or an evaluation appended `row` to the run's history."""
 
@@ -228,7 +253,7 @@ class RunEnded:
     completed: bool
 
 
-RunEvent = RunStarted | RowRecorded | RunEnded
+RunEvent = RunStarted | GroupsDrawn | RowRecorded | RunEnded
 RunObserver = Callable[[RunEvent], Awaitable[None]]
 
 
@@ -269,7 +294,7 @@ class TrainingRun:
         self.rows: list[dict[str, Any]] = []  # the run's history, read once, then kept
         self.scenarios = ScenarioSet()
         self.judge: Judge | None = None
-        self.reward: str = config.reward
+        self.reward = Reward()  # resolved from config.reward by `prepare`
         self.custom_reward = reward
         self.info: ServerInfo | None = None
         self._scope: anyio.CancelScope | None = None
@@ -326,12 +351,12 @@ class TrainingRun:
         dtype, device = (getattr(self.backend, k, None) for k in ("inference_dtype", "device"))
         where = f" ({dtype} on {device})" if dtype and device else ""
         self.say(f"✓ model {self.config.base_model} loaded{where}; {self.model.name}: {resumed}")
-        if self.reward in ("ruler", "both"):
+        if self.reward.needs_judge:
             given = self.custom_reward
             self.judge = given if isinstance(given, Judge) else self._make_judge()
             await self._ping_judge()
             self.say(f"✓ judge {self.judge.model} answers")
-        self.say(f"  reward: {self.reward}")
+        self.say(f"  reward: {self.reward.name}")
         self.by_id = {s.id: s for s in self.scenarios}
         self.score = self._scorer()
         self.sampler = await self._sampler()
@@ -365,11 +390,11 @@ class TrainingRun:
         self.say(f"✓ scenarios ({where}): {len(scenarios.train)} train, {len(scenarios.val)} val")
         return scenarios
 
-    def _resolve_reward(self) -> str:
+    def _resolve_reward(self) -> Reward:
         with_refs = all(has_reference(s) for s in self.scenarios)
         mode = self.config.reward
         if self.custom_reward is not None and not isinstance(self.custom_reward, Judge):
-            return "custom"
+            return Reward.of("custom", self.custom_reward)
         if isinstance(self.custom_reward, Judge) and mode == "auto":
             mode = "both" if with_refs else "ruler"
         if mode == "auto":
@@ -390,7 +415,7 @@ class TrainingRun:
             )
         if mode == "ruler" and self.config.val_attempts < 2:
             raise PreflightError("RULER compares attempts: set `val_attempts` to 2 or more")
-        return mode
+        return Reward.of(mode)
 
     def _make_judge(self) -> Judge:
         model = self.config.judge or configured_llm("MCPRL_JUDGE")
@@ -436,7 +461,7 @@ class TrainingRun:
             project=config.project,
             name=config.name,
             run_dir=str(self.run_dir),
-            reward=self.reward,
+            reward=self.reward.name,
             judge=self.judge.model if self.judge else None,
             first_step=start,
             last_step=start,
@@ -477,14 +502,9 @@ class TrainingRun:
         await self._emit(RowRecorded(self, row))
 
     def _scorer(self):
-        if self.reward == "custom":
-            return as_scorer(self.custom_reward)
-        weights = {"reference": (1.0, 0.0), "ruler": (0.0, 1.0), "both": (0.5, 0.5)}[self.reward]
-        return scorer(
+        return self.reward.scorer(
             self.by_id,
             judge=self.judge,
-            reference_weight=weights[0],
-            ruler_weight=weights[1],
             reference=self.config.reference_reward,
             drop_failed_groups=True,
             on_drop=lambda group, exc: self._dropped.append(exc),
@@ -502,10 +522,8 @@ class TrainingRun:
 
     @property
     def informative(self) -> Informative:
-        """Which groups carry signal: by success only when the reward checks the references
-        (with RULER alone or a reward of the user's, their rewards decide)."""
-        uses_references = self.reward in ("reference", "both")
-        return self.config.train.informative if uses_references else "reward"
+        """Which groups carry signal (`Reward.informative`)."""
+        return self.reward.informative(self.config.train.informative)
 
     async def _sampler(self) -> ScenarioSampler:
         """The training-scenario sampler, with the groups of every step so far replayed."""
@@ -530,6 +548,7 @@ class TrainingRun:
     async def _step(self, summary: RunSummary) -> None:
         config, step = self.config, self.model.step + 1
         groups, counts, times = await self._draw_groups(step)
+        await self._emit(GroupsDrawn(self, step, groups, counts))
         dropped = int(counts["groups_dropped"])
         self._check_judge(dropped, int(counts["groups_drawn"]), f"step {step}")
         if dropped:
@@ -558,23 +577,6 @@ class TrainingRun:
             summary.times[k] = summary.times.get(k, 0.0) + v
         if m.get("skipped_update"):
             summary.steps_without_update += 1
-        explored = counts.get("attempts_explored", 0)
-        self.say(
-            f"step {result.step}/{config.steps}: reward {m.get('reward_mean', math.nan):.3f} "
-            f"± {m.get('reward_std', math.nan):.3f}"
-            + (f", success {stats['success']:.0%}" if "success" in stats else "")
-            + f", {_plural(counts['groups_trained'], 'group')} trained of "
-            + f"{counts['groups_drawn']:.0f} drawn ({counts['groups_tied']:.0f} tied"
-            + (f", {dropped} lost to the judge" if dropped else "")
-            + ")"
-            + (f", {explored:.0f} attempts explored" if explored else "")
-            + (f"; no update: {_NO_SIGNAL[self.informative]}" if m.get("skipped_update") else "")
-            + f" | rollouts {times['rollout']:.0f} s, judge {times['judge']:.0f} s, "
-            f"train {times['train']:.0f} s"
-        )
-        warning = _alike_warning(groups, self.reward)
-        if warning:
-            self.say(f"  warning: {warning}")
 
     async def _draw_groups(
         self, step: int
@@ -685,7 +687,6 @@ class TrainingRun:
         with anyio.CancelScope(shield=True):
             await self.backend.log(self.model, metrics, "val", groups)
             await self._record({"step": step, **{f"val/{k}": v for k, v in metrics.items()}})
-        self.say(f"eval at step {step}: {_describe(metrics)}")
 
 
 def local_judge(
@@ -715,53 +716,6 @@ def _fill_baseline(summary: RunSummary, rows: list[dict[str, Any]]) -> None:
 
 def _ids(scenarios: ScenarioSet) -> set[str]:
     return {s.id for s in scenarios}
-
-
-_NO_SIGNAL = {
-    "reward": "no group had differing rewards",
-    "success": "no group had both a success and a failure",
-}
-
-
-def _alike_warning(groups: list[TrajectoryGroup], reward: str) -> str | None:
-    """What to tell the user when a step's attempts all scored alike (nothing can be learned)."""
-    rewards = {round(t.reward, 6) for g in groups for t in g.trajectories if t.reward is not None}
-    if len(rewards) != 1:
-        return None
-    (value,) = rewards
-    if reward == "custom":
-        return (
-            f"your reward gave every attempt of this step the same value ({value:.2f}), so "
-            "there is nothing to learn from it; a reward that tells attempts apart is needed"
-        )
-    if reward in ("ruler", "both"):
-        return (
-            f"the judge gave every attempt of this step the same score ({value:.2f}), so there "
-            "is nothing to learn from it; a judge that cannot tell attempts apart needs a "
-            "stronger model (`judge`) or a clearer rubric"
-        )
-    return (
-        f"every attempt of this step scored {value:.2f}: the scenarios drawn are all too easy or "
-        "all too hard for the model now (more `rollouts_per_group` or `oversample` find "
-        "differing groups more often)"
-    )
-
-
-def _describe(metrics: dict[str, float]) -> str:
-    parts = []
-    if "success" in metrics:
-        parts.append(f"success {metrics['success']:.0%}")
-    if "reward" in metrics:
-        parts.append(f"reward {metrics['reward']:.3f}")
-    if "completed" in metrics:
-        parts.append(f"completed {metrics['completed']:.0%}")
-    if "tool_errors" in metrics:
-        parts.append(f"tool errors/attempt {metrics['tool_errors']:.2f}")
-    return ", ".join(parts) + f"; {_plural(metrics.get('attempts', 0), 'attempt')}"
-
-
-def _plural(count: float, noun: str) -> str:
-    return f"{count:.0f} {noun}{'' if round(count) == 1 else 's'}"
 
 
 class _Bar:

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from mcprl.console import Console
 from mcprl.curriculum import ScenarioSampler, is_informative
 from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
@@ -236,7 +237,8 @@ async def _step_of_ties_and_mixed(tmp_path, policy=_policy, informative="reward"
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
         config.train.informative = informative
-        run = TrainingRun(config, calculator, backend, say=say, progress=False)
+        run = TrainingRun(config, calculator, backend, say=say, progress=False,
+                          observers=[Console(say)])  # fmt: skip
         await run.prepare(scenarios)
         await run._step(summary := _summary(run))
     return backend, summary
@@ -318,7 +320,8 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1.5,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
         config.train.informative = "reward"
-        run = TrainingRun(config, calculator, backend, say=said.append, progress=False)
+        run = TrainingRun(config, calculator, backend, say=said.append, progress=False,
+                          observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)
         summary = _summary(run)
         await run._step(summary)
@@ -357,7 +360,7 @@ async def test_a_default_run_draws_each_task_of_a_kind_before_repeating_one(tmp_
 def _summary(run: TrainingRun):
     from mcprl.train import RunSummary
 
-    return RunSummary(project="p", name="n", run_dir=str(run.run_dir), reward=run.reward,
+    return RunSummary(project="p", name="n", run_dir=str(run.run_dir), reward=run.reward.name,
                       judge=None, first_step=0, last_step=0, target_steps=1)  # fmt: skip
 
 
@@ -380,7 +383,7 @@ async def test_a_run_trains_on_a_reward_function_of_the_users(tmp_path):
                           reward=by_position)  # fmt: skip
         await run.prepare(scenarios)
         await run._step(_summary(run))
-        assert run.reward == "custom" and "  reward: custom" in said
+        assert run.reward.name == "custom" and "  reward: custom" in said
         assert run.informative == "reward"  # success decides only with a reference reward
         (groups,) = backend.trained  # every group differs now: both trained
         assert [sorted(g.rewards) for g in groups] == [[0.0, 1.0], [0.0, 1.0]]
@@ -444,7 +447,7 @@ async def test_a_judge_given_to_the_run_is_the_one_that_ranks(tmp_path):
         run = TrainingRun(config, load_example("calculator").server, backend,
                           say=lambda _: None, progress=False, reward=judge)  # fmt: skip
         await run.prepare(scenarios)
-        assert run.reward == "ruler" and run.judge is judge
+        assert run.reward.name == "ruler" and run.judge is judge
 
 
 # -- exploration: kinds of task the policy never solves -------------------------------------
@@ -504,7 +507,8 @@ async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_othe
         config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=7, oversample=1,
                            eval_every=0, reward="reference", write_report=False,
                            explore=explore)  # fmt: skip
-        run = TrainingRun(config, calculator, backend, say=said.append, progress=False)
+        run = TrainingRun(config, calculator, backend, say=said.append, progress=False,
+                          observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)
         summary = _summary(run)
         await run._step(summary)

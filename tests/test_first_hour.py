@@ -10,9 +10,11 @@ import types
 import pytest
 
 from mcprl.cli import QUICK, _parser, _run_config, main, print_summary
+from mcprl.console import alike_warning
 from mcprl.gather import gather_groups, note_turn
+from mcprl.rewards import Reward
 from mcprl.trackers import CsvTracker, check_trackers, open_trackers
-from mcprl.train import RunConfig, RunSummary, _alike_warning
+from mcprl.train import RunConfig, RunSummary
 from mcprl.types import Trajectory, TrajectoryGroup
 
 
@@ -193,10 +195,10 @@ def _group(*rewards: float) -> TrajectoryGroup:
 
 
 def test_a_step_whose_attempts_all_score_alike_gets_a_warning():
-    assert _alike_warning([_group(0.2, 0.7), _group(0.2, 0.2)], "reference") is None
-    judge = _alike_warning([_group(1.0, 1.0), _group(1.0, 1.0)], "ruler")
+    assert alike_warning([_group(0.2, 0.7), _group(0.2, 0.2)], Reward.of("reference")) is None
+    judge = alike_warning([_group(1.0, 1.0), _group(1.0, 1.0)], Reward.of("ruler"))
     assert judge and "the judge gave every attempt of this step the same score (1.00)" in judge
-    ties = _alike_warning([_group(0.0, 0.0)], "reference")
+    ties = alike_warning([_group(0.0, 0.0)], Reward.of("reference"))
     assert ties and "every attempt of this step scored 0.00" in ties
 
 

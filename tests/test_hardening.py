@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mcprl.console import Console
 from mcprl.errors import CheckpointError
 from mcprl.training._trainer import load_optimizer_state, save_optimizer_state
 
@@ -267,7 +268,7 @@ async def _one_step(backend, marker: str, said: list[str]):
                            eval_every=0, reward="ruler", judge="openai/j",
                            judge_api_base=judge.base_url, write_report=False)  # fmt: skip
         run = TrainingRun(config, load_example("calculator").server, backend, say=said.append,
-                          progress=False)  # fmt: skip
+                          progress=False, observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)
         summary = _summary(run)
         await run._step(summary)

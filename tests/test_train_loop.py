@@ -49,7 +49,7 @@ async def test_auto_reward_picks_ruler_without_references(tmp_path):
         config = RunConfig(judge="openai/j", judge_api_base=judge.base_url)
         run = TrainingRun(config, None, FakeBackend(tmp_path), say=lambda _: None)
         await run.prepare(_scenarios(reference=False))
-    assert run.reward == "ruler" and run.judge.model == "openai/j"
+    assert run.reward.name == "ruler" and run.judge.model == "openai/j"
 
 
 @pytest.mark.anyio
@@ -64,7 +64,7 @@ async def test_auto_reward_never_trains_on_the_local_judge_alone(tmp_path, monke
     # with references, auto trains on them and needs no judge at all
     run = TrainingRun(RunConfig(name="refs"), None, FakeBackend(tmp_path), say=lambda _: None)
     await run.prepare(_scenarios(reference=True))
-    assert run.reward == "reference" and run.judge is None
+    assert run.reward.name == "reference" and run.judge is None
 
 
 @pytest.mark.anyio

@@ -1,0 +1,109 @@
+"""The console's account of a training run: one line per step and per evaluation.
+
+`Console(say)` is a run observer (`TrainingRun(..., observers=[Console(print)])`): it turns the
+run's events into sentences and hands each to `say`. `mcprl train` attaches one that writes to
+standard error; a program that wants the same lines in its log attaches `Console(logger.info)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from mcprl.rewards import Reward
+from mcprl.train import GroupsDrawn, RowRecorded, RunEvent
+from mcprl.types import TrajectoryGroup
+
+__all__ = ["Console", "describe_eval"]
+
+_NO_SIGNAL = {
+    "reward": "no group had differing rewards",
+    "success": "no group had both a success and a failure",
+}
+
+
+class Console:
+    """Says a line when a step trained or an evaluation ended, and a warning when a step's
+    attempts all scored alike (nothing could be learned from them)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self._warning: str | None = None
+
+    async def __call__(self, event: RunEvent) -> None:
+        if isinstance(event, GroupsDrawn):
+            self._warning = alike_warning(event.groups, event.run.reward)
+        elif isinstance(event, RowRecorded):
+            row = event.row
+            if "val/attempts" in row:
+                val = {k[4:]: v for k, v in row.items() if k.startswith("val/")}
+                self.say(f"eval at step {row['step']}: {describe_eval(val)}")
+                return
+            self.say(_step_line(row, event.run.config.steps, event.run.informative))
+            if self._warning:
+                self.say(f"  warning: {self._warning}")
+            self._warning = None
+
+
+def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
+    def train(key: str, default: float = math.nan) -> float:
+        return row.get(f"train/{key}", default)
+
+    dropped, explored = train("groups_dropped", 0), train("attempts_explored", 0)
+    success = row.get("train/success")
+    return (
+        f"step {row['step']}/{steps}: reward {train('reward_mean'):.3f} "
+        f"± {train('reward_std'):.3f}"
+        + (f", success {success:.0%}" if success is not None else "")
+        + f", {_plural(train('groups_trained', 0), 'group')} trained of "
+        + f"{train('groups_drawn', 0):.0f} drawn ({train('groups_tied', 0):.0f} tied"
+        + (f", {dropped:.0f} lost to the judge" if dropped else "")
+        + ")"
+        + (f", {explored:.0f} attempts explored" if explored else "")
+        + (f"; no update: {_NO_SIGNAL[informative]}" if train("skipped_update", 0) else "")
+        + f" | rollouts {row.get('time/rollout_s', 0):.0f} s, "
+        f"judge {row.get('time/judge_s', 0):.0f} s, train {train('time_train_s', 0):.0f} s"
+    )
+
+
+def alike_warning(groups: list[TrajectoryGroup], reward: Reward) -> str | None:
+    """What to tell the user when a step's attempts all scored alike (nothing can be learned)."""
+    rewards = {round(t.reward, 6) for g in groups for t in g.trajectories if t.reward is not None}
+    if len(rewards) != 1:
+        return None
+    (value,) = rewards
+    if reward.custom is not None:
+        return (
+            f"your reward gave every attempt of this step the same value ({value:.2f}), so "
+            "there is nothing to learn from it; a reward that tells attempts apart is needed"
+        )
+    if reward.needs_judge:
+        return (
+            f"the judge gave every attempt of this step the same score ({value:.2f}), so there "
+            "is nothing to learn from it; a judge that cannot tell attempts apart needs a "
+            "stronger model (`judge`) or a clearer rubric"
+        )
+    return (
+        f"every attempt of this step scored {value:.2f}: the scenarios drawn are all too easy or "
+        "all too hard for the model now (more `rollouts_per_group` or `oversample` find "
+        "differing groups more often)"
+    )
+
+
+def describe_eval(metrics: dict[str, float]) -> str:
+    """An evaluation's metrics as the console shows them."""
+    parts = []
+    if "success" in metrics:
+        parts.append(f"success {metrics['success']:.0%}")
+    if "reward" in metrics:
+        parts.append(f"reward {metrics['reward']:.3f}")
+    if "completed" in metrics:
+        parts.append(f"completed {metrics['completed']:.0%}")
+    if "tool_errors" in metrics:
+        parts.append(f"tool errors/attempt {metrics['tool_errors']:.2f}")
+    return ", ".join(parts) + f"; {_plural(metrics.get('attempts', 0), 'attempt')}"
+
+
+def _plural(count: float, noun: str) -> str:
+    return f"{count:.0f} {noun}{'' if round(count) == 1 else 's'}"
