@@ -170,7 +170,7 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
         if self.reward == "ruler" and self.val_attempts < 2:
-            raise UsageError("RULER compares attempts: val_attempts must be 2 or more")
+            raise UsageError("RULER compares attempts: `val_attempts` must be 2 or more")
         return self
 
 

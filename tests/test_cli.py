@@ -71,38 +71,41 @@ def test_scenarios_needs_an_output_file(capsys):
 
 
 def test_loop_flags_reach_the_rollout_config():
-    from mcprl.cli import _parser, _run_config
+    from mcprl.cli._options import run_config
+    from mcprl.cli._parser import build_parser
 
-    args = _parser().parse_args(["train", "example:calculator", "--results-as", "text"])
-    assert _run_config(args).rollout.results_as == "text"
-    default = _parser().parse_args(["train", "example:calculator", "--early-answer"])
-    config = _run_config(default).rollout
+    args = build_parser().parse_args(["train", "example:calculator", "--results-as", "text"])
+    assert run_config(args).rollout.results_as == "text"
+    default = build_parser().parse_args(["train", "example:calculator", "--early-answer"])
+    config = run_config(default).rollout
     assert config.results_as == "json" and config.look_before_answer is False
 
 
 def test_sampling_flags_reach_the_rollout_config_of_train_and_eval():
-    from mcprl.cli import _parser, _rollout_flags, _run_config
+    from mcprl.cli._options import ROLLOUT, given, run_config
+    from mcprl.cli._parser import build_parser
 
     flags = ["--temperature", "0.8", "--top-p", "0.95", "--min-p", "0.1"]
-    config = _run_config(_parser().parse_args(["train", "example:calculator", *flags])).rollout
+    config = run_config(build_parser().parse_args(["train", "example:calculator", *flags])).rollout
     assert (config.temperature, config.top_p, config.min_p) == (0.8, 0.95, 0.1)
-    ev = _parser().parse_args(
+    ev = build_parser().parse_args(
         ["eval", "example:calculator", "--model", "base", "--dtype", "float32", *flags]
     )
-    assert _rollout_flags(ev) == {"temperature": 0.8, "top_p": 0.95, "min_p": 0.1}
+    assert given(ev, ROLLOUT) == {"temperature": 0.8, "top_p": 0.95, "min_p": 0.1}
     assert ev.dtype == "float32"
 
 
 def test_training_flags_reach_the_train_config():
-    from mcprl.cli import _parser, _run_config
+    from mcprl.cli._options import run_config
+    from mcprl.cli._parser import build_parser
 
-    args = _parser().parse_args(
+    args = build_parser().parse_args(
         ["train", "example:calculator", "--positive-weight", "0.1", "--scale-rewards", "none"]
     )
-    train = _run_config(args).train
+    train = run_config(args).train
     assert train.positive_weight == 0.1 and train.scale_rewards == "none"
     assert (
-        _run_config(_parser().parse_args(["train", "example:calculator"])).train.positive_weight
+        run_config(build_parser().parse_args(["train", "example:calculator"])).train.positive_weight
         == 1.0
     )
 
@@ -190,13 +193,14 @@ def _values(action) -> list[list[str]]:
 def test_every_train_option_sets_a_run_setting_whose_default_lives_in_the_config():
     """Each setting is declared once: a flag left out keeps RunConfig's own default, and every
     other option of `mcprl train` changes one setting of the run."""
-    from mcprl.cli import _parser, _run_config
+    from mcprl.cli._options import run_config
+    from mcprl.cli._parser import build_parser
     from mcprl.errors import UsageError
     from mcprl.train import RunConfig
 
-    parser = _parser()
+    parser = build_parser()
     argv = ["train", "example:calculator", "--project", "p"]
-    base = _run_config(parser.parse_args(argv))
+    base = run_config(parser.parse_args(argv))
     assert base == RunConfig(project="p")
     unmapped = []
     for action in parser.commands["train"]._actions:
@@ -206,7 +210,7 @@ def test_every_train_option_sets_a_run_setting_whose_default_lives_in_the_config
         changed = set()
         for value in _values(action):
             try:
-                config = _run_config(parser.parse_args([*argv, flag, *value]))
+                config = run_config(parser.parse_args([*argv, flag, *value]))
             except UsageError:  # out of the setting's range: the config refused it
                 continue
             changed |= {k for k, v in _flat(config).items() if _flat(base)[k] != v}
@@ -217,7 +221,7 @@ def test_every_train_option_sets_a_run_setting_whose_default_lives_in_the_config
 
 def test_library_errors_name_settings_and_the_cli_names_their_flags():
     """Library messages name a setting as `field` or `field=value`; the CLI prints the flag."""
-    from mcprl.cli import flags_for
+    from mcprl.cli._options import flags_for
 
     assert flags_for("resume with `lora.r=8` `lora.alpha=16`, or another `name`") == (
         "resume with --lora-r 8 --lora-alpha 16, or another --name"

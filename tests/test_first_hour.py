@@ -9,7 +9,10 @@ import types
 
 import pytest
 
-from mcprl.cli import QUICK, _parser, _run_config, main, print_summary
+from mcprl.cli import main
+from mcprl.cli._display import print_summary
+from mcprl.cli._options import QUICK, run_config
+from mcprl.cli._parser import build_parser
 from mcprl.console import alike_warning
 from mcprl.gather import gather_groups, note_turn
 from mcprl.rewards import Reward
@@ -20,7 +23,7 @@ from mcprl.types import Trajectory, TrajectoryGroup
 
 @pytest.mark.parametrize("command", ["train", "autorl", "eval", "serve", "scenarios"])
 def test_every_option_has_help_and_the_knobs_show_their_defaults(command, capsys):
-    parser = _parser()
+    parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices[command]
     for action in sub._actions:
         assert action.help, f"mcprl {command} {action.option_strings or action.dest}: no help"
@@ -43,15 +46,15 @@ def test_every_option_has_help_and_the_knobs_show_their_defaults(command, capsys
 
 
 def _config(*flags: str) -> RunConfig:
-    args = _parser().parse_args(["train", "example:calculator", *flags])
-    return _run_config(args)
+    args = build_parser().parse_args(["train", "example:calculator", *flags])
+    return run_config(args)
 
 
 def test_quick_sets_a_small_run_and_the_flags_given_still_win():
     quick = _config("--quick")
     assert (quick.steps, quick.groups_per_step, quick.rollouts_per_group) == (2, 2, 8)
     assert (quick.max_val_scenarios, quick.val_attempts, quick.eval_every) == (4, 2, 0)
-    assert set(QUICK) <= set(vars(_parser().parse_args(["train", "x"])))
+    assert set(QUICK) <= set(vars(build_parser().parse_args(["train", "x"])))
     assert _config("--quick", "--steps", "3").steps == 3
     assert _config().steps == RunConfig().steps  # without --quick: the library's defaults
 
@@ -97,15 +100,15 @@ def test_a_bad_sampling_flag_fails_in_one_line_before_any_work(command, tmp_path
 def test_threads_come_from_the_flag_or_the_environment(monkeypatch):
     import torch
 
-    from mcprl.cli import _set_threads
+    from mcprl.cli._machine import set_threads
 
     before = torch.get_num_threads()
     try:
-        _set_threads(_parser().parse_args(["serve", "--threads", "1"]))
+        set_threads(build_parser().parse_args(["serve", "--threads", "1"]))
         assert torch.get_num_threads() == 1
         monkeypatch.setenv("MCPRL_THREADS", "many")
         with pytest.raises(ValueError, match="MCPRL_THREADS='many': must be a whole number"):
-            _set_threads(_parser().parse_args(["serve"]))
+            set_threads(build_parser().parse_args(["serve"]))
     finally:
         torch.set_num_threads(before)
 
@@ -264,4 +267,4 @@ def test_dtype_auto_takes_float32_where_the_cpu_would_emulate_bfloat16(monkeypat
     with pytest.raises(ValueError, match="auto, bfloat16 or float32"):
         pick_dtype("float16", "cpu")
     for command in (["train", "x"], ["serve"]):
-        assert _parser().parse_args(command).dtype == "auto"
+        assert build_parser().parse_args(command).dtype == "auto"
