@@ -376,3 +376,24 @@ def test_the_lock_goes_with_the_process_that_held_it(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root)}
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "p" / "m")], env=env, check=True)
     RunStore(tmp_path, "p", "m").append_history({"step": 0})  # its exit freed the run
+
+
+def test_the_trainers_and_servers_a_backend_plugs_in_have_the_declared_interfaces():
+    """`LocalBackend(trainer=..., inference=...)` takes anything with the protocols' methods;
+    mcprl's own trainer and both servers must keep them."""
+    import inspect
+
+    from mcprl.backends import InferenceServer, Trainer, VLLMServer
+    from mcprl.serving import LocalServer
+    from mcprl.training import LoraTrainer
+
+    for cls, protocol, members in [
+        (LoraTrainer, Trainer, ["step", "save", "load_state"]),
+        (LocalServer, InferenceServer, ["paused", "close"]),
+        (VLLMServer, InferenceServer, ["paused", "close"]),
+    ]:
+        for name in members:
+            assert hasattr(protocol, name) and hasattr(cls, name), (cls, name)
+        if hasattr(protocol, "step"):
+            wanted = list(inspect.signature(protocol.step).parameters)
+            assert list(inspect.signature(cls.step).parameters) == wanted

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from mcprl.backends._api import backend_routes
 from mcprl.backends._local import LocalBackend
-from mcprl.backends._protocol import RUN_FILES, Backend, Inference, TrainResult, export_run
+from mcprl.backends._protocol import (
+    RUN_FILES,
+    Backend,
+    Inference,
+    InferenceServer,
+    Trainer,
+    TrainResult,
+    export_run,
+)
 from mcprl.backends._records import StoredRuns
 from mcprl.backends._remote import BackendError, RemoteBackend
 from mcprl.backends._store import RunStore
@@ -23,11 +31,13 @@ __all__ = [
     "Backend",
     "BackendError",
     "Inference",
+    "InferenceServer",
     "LocalBackend",
     "RemoteBackend",
     "RunStore",
     "StoredRuns",
     "TrainResult",
+    "Trainer",
     "VLLMBackend",
     "VLLMServer",
     "backend_routes",

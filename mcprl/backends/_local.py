@@ -12,8 +12,9 @@ base model's. A training step writes its trajectories first, pauses inference, t
 the checkpoint atomically, then loads it into the server as `name@step` and unloads the
 previous adapter, both through the server's HTTP adapter endpoints (`/v1/load_lora_adapter`,
 the calls a vLLM server takes). `trainer=` replaces the LoRA trainer (a callable
-`(base_path, lora, adapter_path) -> trainer` with `step`, `save` and `load_state`);
-`inference=` replaces the server (`VLLMBackend` puts a vLLM server there).
+`(base_path, lora, adapter_path) -> Trainer`, the protocol in `mcprl.backends`); `inference=`
+replaces the server (`(base_model, routes) -> InferenceServer`; `VLLMBackend` puts a vLLM
+server there).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from mcprl.backends._protocol import Inference, TrainResult
+from mcprl.backends._protocol import Inference, InferenceServer, Trainer, TrainResult
 from mcprl.backends._records import StoredRuns
 from mcprl.backends._store import RunStore, release_run
 from mcprl.errors import UsageError
@@ -39,7 +40,8 @@ __all__ = ["LocalBackend", "TrainResult"]
 
 logger = logging.getLogger(__name__)
 
-TrainerFactory = Callable[[Path, LoraConfig, Path | None], Any]
+TrainerFactory = Callable[[Path, LoraConfig, Path | None], Trainer]
+ServerFactory = Callable[[str, Sequence[Any]], InferenceServer]
 
 
 @dataclass
@@ -47,8 +49,8 @@ class _Run:
     model: TrainableModel
     store: RunStore
     step: int
-    load_trainer: Callable[[], Any]
-    _trainer: Any = None
+    load_trainer: Callable[[], Trainer]
+    _trainer: Trainer | None = None
 
     @property
     def served(self) -> str:
@@ -75,7 +77,7 @@ class LocalBackend(StoredRuns):
         max_batch_size: int = 32,
         device: str | None = "auto",
         trainer: TrainerFactory | None = None,
-        inference: Callable[[str, Sequence[Any]], Any] | None = None,
+        inference: ServerFactory | None = None,
     ) -> None:
         """`api_key`: what the endpoint requires (default: a random key known to this process
         only; "" for none); `host`/`port`: where it listens (default: loopback, a free port)."""
@@ -91,7 +93,7 @@ class LocalBackend(StoredRuns):
         self._make_trainer = trainer or self._lora_trainer
         # (base model, extra routes) -> the inference server: base_url, api_key, paused(), close()
         self._make_server = inference or self._local_server
-        self._server: Any = None
+        self._server: InferenceServer | None = None
         self._base: str | None = None
         self._runs: dict[tuple[str, str], _Run] = {}
         self._extra: set[str] = set()  # earlier checkpoints served by `serve_checkpoint`
@@ -224,7 +226,7 @@ class LocalBackend(StoredRuns):
             raise RuntimeError(f"model {model.name!r} is not registered with this backend")
         return run
 
-    def _lora_trainer(self, base_path: Path, lora: LoraConfig, adapter: Path | None) -> Any:
+    def _lora_trainer(self, base_path: Path, lora: LoraConfig, adapter: Path | None) -> Trainer:
         from mcprl.training import LoraTrainer
 
         if adapter is None:
@@ -297,7 +299,7 @@ class LocalBackend(StoredRuns):
     async def _unload(self, name: str) -> None:
         await self._adapter_call("unload", {"lora_name": name})
 
-    def _local_server(self, base_model: str, routes: Sequence[Any]) -> Any:
+    def _local_server(self, base_model: str, routes: Sequence[Any]) -> InferenceServer:
         from mcprl.serving import LocalServer
 
         return LocalServer(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -34,7 +35,9 @@ __all__ = [
     "RUN_FILES",
     "Backend",
     "Inference",
+    "InferenceServer",
     "TrainResult",
+    "Trainer",
     "check_run_file",
     "export_run",
 ]
@@ -79,6 +82,49 @@ def check_split(split: str) -> str:
     if not _SPLIT.match(split):
         raise UsageError(f"split {split!r}: use letters, digits, '_' or '-' (e.g. train, val)")
     return split
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """What trains a run's LoRA for `LocalBackend`: `mcprl.training.LoraTrainer`, Unsloth's
+    (`VLLMBackend(train_with="unsloth")`), or one of yours, made by the factory given as
+    `LocalBackend(trainer=factory)`: `factory(base_path, lora, adapter_path) -> Trainer`. Its
+    methods run on a worker thread, one at a time."""
+
+    def step(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> dict[str, float]:
+        """One update from `groups`; its metrics (`on_progress(done, total)` as it goes)."""
+        ...
+
+    def save(self, directory: str | Path) -> None:
+        """Write the adapter (PEFT's layout) and the optimizer state into `directory`."""
+        ...
+
+    def load_state(self, directory: str | Path) -> None:
+        """Resume the optimizer state saved with a checkpoint."""
+        ...
+
+
+@runtime_checkable
+class InferenceServer(Protocol):
+    """What serves the policy for `LocalBackend`: mcprl's `mcprl.serving.LocalServer`, a vLLM
+    server (`VLLMServer`), or one of yours, made by `LocalBackend(inference=factory)`:
+    `factory(base_model, routes) -> InferenceServer`. It speaks the OpenAI API at `base_url`
+    and loads and unloads adapters through `/v1/load_lora_adapter` and
+    `/v1/unload_lora_adapter`, as vLLM does."""
+
+    base_url: str
+    api_key: str | None
+
+    def paused(self) -> AbstractContextManager[Any]:
+        """A context in which it decodes nothing (a training step holds the device)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable
