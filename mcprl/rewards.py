@@ -43,6 +43,7 @@ otherwise the error propagates.
 
 from __future__ import annotations
 
+import decimal
 import json
 import logging
 import math
@@ -117,17 +118,38 @@ def _close(a: float, b: float, tolerance: float) -> bool:
     return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance * 1e-3 if b == 0 else 0.0)
 
 
+def _written_precision(expected: str) -> float | None:
+    """Half a unit of the last place `expected` is written to ("32.8854" -> 0.00005; an integer
+    -> 0), or None when it is not a finite number."""
+    try:
+        exponent = decimal.Decimal(expected.strip().replace(",", "")).as_tuple().exponent
+    except decimal.InvalidOperation:
+        return None
+    if not isinstance(exponent, int):  # NaN, Infinity
+        return None
+    return 0.5 * 10.0**exponent if exponent < 0 else 0.0
+
+
 def answer_matches(answer: str | None, reference: Reference) -> bool:
-    """The expected answer appears in `answer`: as a number within tolerance, or as text."""
+    """The expected answer appears in `answer`, as text or as a number equal to it as written.
+
+    A number is right when it equals the reference to the precision the reference is written
+    in: an integer exactly ("49" accepts 49 and 49.0, not 49.5), a decimal to half a unit of
+    its last place ("32.8854" accepts 32.88535 to 32.88545, so also the tool's unrounded
+    32.885424...). Where the scenario names a `tolerance`, that relative tolerance applies
+    instead. Either way a relative 1e-9 absorbs floating-point noise.
+    """
     if answer is None or reference.answer is None:
         return False
     expected = reference.answer
-    try:
-        target = float(expected)
-    except ValueError:
+    half_unit = _written_precision(expected)
+    if half_unit is None:
         return normalize(expected) in normalize(answer)
-    tolerance = reference.tolerance if reference.tolerance is not None else 1e-9
-    return any(_close(x, target, tolerance) for x in _numbers(answer))
+    target = float(expected.strip().replace(",", ""))
+    if reference.tolerance is not None:
+        return any(_close(x, target, reference.tolerance) for x in _numbers(answer))
+    slack = half_unit + 1e-9 * max(1.0, abs(target))
+    return any(abs(x - target) <= slack for x in _numbers(answer))
 
 
 def _args_match(actual: Any, expected: Any, tolerance: float) -> bool:

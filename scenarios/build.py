@@ -334,8 +334,13 @@ def _resolve(args: dict[str, Any], results: list[Any]) -> dict[str, Any]:
 
 
 def _fmt(value: Any) -> str:
+    """A number as the answer is checked: an integer as one, else rounded to four decimals (the
+    check accepts half a unit of the last place written, so the server's unrounded result
+    is right, and so is the answer written as here)."""
     if isinstance(value, float):
-        return f"{round(value, 6):g}" if abs(value) < 1e15 else str(value)
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        return f"{round(value, 4):.4f}".rstrip("0").rstrip(".")
     return str(value)
 
 
@@ -355,15 +360,12 @@ async def _scenario(name: str, drawn: tuple) -> Scenario:
             )
             ref_calls.append(ReferenceCall(tool=tool, arguments=args, result=result.text))
     answer = pick(results)
-    numeric = isinstance(answer, (int, float))
     digest = hashlib.sha256(task.encode()).hexdigest()[:8]
     return Scenario(
         id=f"{name}-{digest}",
         task=task,
         difficulty=level,
-        reference=Reference(
-            answer=_fmt(answer), tolerance=0.01 if numeric else None, calls=ref_calls
-        ),
+        reference=Reference(answer=_fmt(answer), calls=ref_calls),
         tags=["curated", name],
     )
 

@@ -39,7 +39,6 @@ SCENARIO = Scenario(
     difficulty=1,
     reference=Reference(
         answer="42",
-        tolerance=0.01,
         calls=[ReferenceCall(tool="multiply", arguments={"a": 6, "b": 7})],
     ),
 )
@@ -421,6 +420,21 @@ def test_reference_answers_numbers_and_text():
     assert answer_matches("It was Mary Shelley.", Reference(answer="Mary Shelley"))
     assert not answer_matches("It was Percy Shelley.", Reference(answer="Mary Shelley"))
     assert not answer_matches(None, ref)
+
+
+def test_a_number_is_right_only_to_the_precision_its_reference_is_written_in():
+    """A 1% tolerance took 75.5 for an average of 75 and anything from 58459 to 59639 for
+    59049; the check now reads the reference as written."""
+    assert not answer_matches("The average is 75.5.", Reference(answer="75"))
+    assert answer_matches("The average is 75.", Reference(answer="75"))
+    assert answer_matches("75.0", Reference(answer="75"))
+    assert not answer_matches("58500", Reference(answer="59049"))
+    # a decimal: half a unit of its last place, so the tool's unrounded result is right
+    assert answer_matches("32.885424", Reference(answer="32.8854"))
+    assert answer_matches("63.666666666666664", Reference(answer="63.6667"))
+    assert not answer_matches("32.89", Reference(answer="32.8854"))
+    # a tolerance the scenario names is relative, as it says
+    assert answer_matches("32.89", Reference(answer="32.8854", tolerance=0.001))
 
 
 def test_reference_calls_match_with_tolerance():

@@ -1,9 +1,8 @@
-"""Answers as numbers and values: read off a result, rounded as a person writes them, and the
-tolerance that their precision implies.
+"""Answers as numbers and values: read off a result and rounded as a person writes them (the
+reward checks a number to the precision it is written in: `mcprl.rewards.answer_matches`).
 
     computed_number("The sum of 31 and 25 is 56.", [31, 25])   -> 56.0
     number_answer(16.404199475065617)                          -> "16.4042"
-    tolerance_for("16.4042")                                   -> 3.0e-06 (half the last place)
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ __all__ = [
     "is_number",
     "number_answer",
     "rounded",
-    "tolerance_for",
 ]
 
 ANSWER_KEYS = ("value", "result", "count", "total")
@@ -57,15 +55,6 @@ def number_answer(value: float) -> str:
 
 def rounded(answer: str) -> str:
     return number_answer(float(answer)) if is_number(answer) and "." in answer else answer
-
-
-def tolerance_for(answer: str) -> float | None:
-    """Decimals are right to the precision they are written in; integers and text exactly."""
-    if not is_number(answer) or "." not in answer:
-        return None
-    places = len(answer.split(".")[1])
-    value = abs(float(answer))
-    return 0.5 * 10**-places / value if value else None
 
 
 def is_number(text: Any) -> bool:

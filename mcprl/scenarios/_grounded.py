@@ -38,7 +38,6 @@ from mcprl.scenarios._answers import (
     is_number,
     number_answer,
     rounded,
-    tolerance_for,
 )
 from mcprl.scenarios._dedupe import Deduper
 from mcprl.scenarios._parse import parse_result
@@ -492,7 +491,6 @@ def _lower_first(text: str) -> str:
 def _render(steps: list[_Step], question: Question, seed: int) -> Scenario:
     reference = Reference(
         answer=question.answer,
-        tolerance=tolerance_for(question.answer),
         calls=[
             ReferenceCall(tool=s.tool.name, arguments=s.arguments, result=s.result_text)
             for s in steps

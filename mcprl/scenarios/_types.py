@@ -34,7 +34,10 @@ class Reference(BaseModel):
     model_config = ConfigDict(extra="forbid")
     answer: str | None = None
     tolerance: float | None = Field(
-        default=None, ge=0, description="relative tolerance when the answer is a number"
+        default=None,
+        ge=0,
+        description="a relative tolerance for a numeric answer, where the task allows one; "
+        "None: right to the precision the answer is written in (an integer exactly)",
     )
     calls: list[ReferenceCall] = Field(default_factory=list)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcprl.mcp import ServerInfo, looks_like_error, name_words, open_session, tool_access
-from mcprl.scenarios._answers import computed_number, is_number, number_answer, tolerance_for
+from mcprl.scenarios._answers import computed_number, is_number, number_answer
 from mcprl.scenarios._parse import parse_result
 from mcprl.scenarios._screen import answer_problem, is_meta_tool, leaks_secret
 from mcprl.scenarios._types import Reference, ReferenceCall
@@ -150,7 +150,6 @@ async def verify_proposal(
         return None, f"the answer would be {why}"
     reference = Reference(
         answer=answer,
-        tolerance=tolerance_for(answer),
         calls=[
             ReferenceCall(tool=c["tool"], arguments=c.get("arguments") or {}, result=r.text)
             for c, r in zip(calls, first, strict=True)
