@@ -181,7 +181,8 @@ def _mean(values: list[float]) -> float:
 def summarize(
     groups: list[TrajectoryGroup], scenarios: Sequence[Scenario] | dict[str, Scenario]
 ) -> dict[str, float]:
-    """Means over all attempts: reward, success (where references exist), turns, errors."""
+    """Means over all attempts: reward, success (where references exist), turns, errors; and
+    the counts behind the success rate (`successes` of `checked_attempts`)."""
     by_id = scenarios if isinstance(scenarios, dict) else {s.id: s for s in scenarios}
     mark_success(groups, by_id)
     attempts = [t for g in groups for t in g.trajectories]
@@ -194,6 +195,8 @@ def summarize(
     success = [t.metrics["success"] for t in attempts if "success" in t.metrics]
     if success:
         out["success"] = _mean(success)
+        out["successes"] = float(sum(s >= 1.0 for s in success))
+        out["checked_attempts"] = float(len(success))  # those with a reference to check
     for key in _MEANS:
         values = [t.metrics[key] for t in attempts if key in t.metrics]
         if values:

@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from mcprl._stats import counts, rate
 from mcprl.rewards import Reward
 from mcprl.train import GroupsDrawn, RowRecorded, RunEvent
 from mcprl.types import TrajectoryGroup
@@ -94,7 +95,10 @@ def alike_warning(groups: list[TrajectoryGroup], reward: Reward) -> str | None:
 def describe_eval(metrics: dict[str, float]) -> str:
     """An evaluation's metrics as the console shows them."""
     parts = []
-    if "success" in metrics:
+    counted = counts(metrics)
+    if counted is not None:
+        parts.append(f"success {rate(*counted)}")
+    elif "success" in metrics:
         parts.append(f"success {metrics['success']:.0%}")
     if "reward" in metrics:
         parts.append(f"reward {metrics['reward']:.3f}")

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from mcprl._stats import counts, difference, rate
 from mcprl.backends import Backend
 from mcprl.collect import (
     collect_groups,
@@ -151,7 +152,8 @@ _COLUMNS = [
 
 
 def format_table(rows: Sequence[EvalRow]) -> str:
-    """A Markdown table, the models side by side (columns only where some model has a value)."""
+    """A Markdown table, the models side by side (columns only where some model has a value):
+    success as a count with its 95% interval, then each model's success against the first's."""
     columns = [c for c in _COLUMNS if any(c[0] in r.metrics for r in rows)]
     head = ["model", *(title for _, title, _ in columns), "time"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -159,10 +161,20 @@ def format_table(rows: Sequence[EvalRow]) -> str:
         cells = [r.model]
         for key, _, fmt in columns:
             v = r.metrics.get(key)
-            cells.append("–" if v is None or math.isnan(v) else fmt.format(v))
+            counted = counts(r.metrics) if key == "success" else None
+            if counted is not None:
+                cells.append(rate(*counted))
+            else:
+                cells.append("–" if v is None or math.isnan(v) else fmt.format(v))
         cells.append(f"{r.seconds:.0f} s")
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    first = counts(rows[0].metrics) if rows else None
+    compared = [  # each model against the first, so that a gap within the noise says so
+        f"{r.model} vs {rows[0].model}: success {difference(first, other)}"
+        for r in rows[1:]
+        if first and (other := counts(r.metrics))
+    ]
+    return "\n".join(lines + (["", *compared] if compared else []))
 
 
 # -- what `mcprl eval` evaluates, and where it writes ------------------------------------------

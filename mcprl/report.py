@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from mcprl._stats import counts, difference, rate
 from mcprl.backends import RunStore, export_run
 from mcprl.types import Trajectory, read_groups
 
@@ -334,13 +335,25 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         f"<tr><th>val</th><th>step {html.escape(str(first['step']))}</th>"
         f"<th>step {html.escape(str(last['step']))}</th></tr>"
     )
+    before, after = (counts({k[4:]: v for k, v in r.items()}) for r in (first, last))
+
+    def cell(row: dict[str, Any], key: str, counted: tuple[int, int] | None) -> str:
+        if key == "success" and counted is not None:
+            return html.escape(rate(*counted))
+        return _fmt(row.get("val/" + key), key)
+
     body = "".join(
-        f"<tr><td>{k}</td><td>{_fmt(first.get('val/' + k), k)}</td>"
-        f"<td>{_fmt(last.get('val/' + k), k)}</td></tr>"
+        f"<tr><td>{k}</td><td>{cell(first, k, before)}</td><td>{cell(last, k, after)}</td></tr>"
         for k in keys
         if f"val/{k}" in first or f"val/{k}" in last
     )
-    return f"<table>{head}{body}</table>"
+    moved = ""
+    if before and after and first is not last:
+        steps = f"from step {first['step']} to {last['step']}"
+        moved = (
+            f"<p>Val success {html.escape(steps)}: {html.escape(difference(before, after))}.</p>"
+        )
+    return f"<table>{head}{body}</table>{moved}"
 
 
 def _legend(ax: Any, fontsize: str | None = None) -> None:

@@ -214,6 +214,39 @@ def test_the_summary_says_how_many_steps_updated_the_model(capsys):
     assert "2 of 3 steps updated the model; in 1 every group tied" in out
 
 
+def test_success_rates_show_their_counts_and_a_95_percent_interval():
+    from mcprl._stats import difference, rate, wilson
+
+    low, high = wilson(11, 24)  # Wilson's interval, as statistics texts give it
+    assert (round(low, 3), round(high, 3)) == (0.279, 0.649)
+    assert wilson(0, 24)[0] == 0.0 and wilson(24, 24)[1] == pytest.approx(1.0)
+    assert rate(11, 24) == "11 of 24 (46%, 95% CI 28–65%)"
+    assert difference((1, 24), (11, 24)) == "+42 points (95% CI +18 to +61)"
+    assert difference((5, 24), (7, 24)).endswith(": within the noise")
+
+
+def test_the_summary_and_the_eval_table_say_whether_success_moved_beyond_the_noise(capsys):
+    from mcprl.evaluate import EvalRow, format_table
+
+    def val(successes: int) -> dict[str, float]:
+        return {"success": successes / 24, "successes": successes, "checked_attempts": 24,
+                "attempts": 24}  # fmt: skip
+
+    summary = RunSummary(project="calc", name="agent", run_dir="r", reward="reference",
+                         judge=None, first_step=0, last_step=10, target_steps=10,
+                         baseline=val(3), baseline_step=0, final=val(5), final_step=10)  # fmt: skip
+    print_summary(summary, "mcprl train example:calculator")
+    out = capsys.readouterr().out
+    assert "val success 3 of 24 → 5 of 24: +8 points (95% CI" in out
+    assert "within the noise" in out
+    rows = [EvalRow(model="base", metrics=val(3), seconds=1.0),
+            EvalRow(model="agent", metrics=val(13), seconds=1.0)]  # fmt: skip
+    table = format_table(rows)
+    assert "| base | 3 of 24 (12%, 95% CI 4–31%) |" in table
+    assert "agent vs base: success +42 points (95% CI" in table
+    assert "noise" not in table
+
+
 @pytest.mark.anyio
 async def test_the_attempts_bar_moves_per_turn(capsys, monkeypatch):
     monkeypatch.setattr("mcprl._progress._is_terminal", lambda: True)  # the bar of a terminal

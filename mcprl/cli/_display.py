@@ -7,6 +7,7 @@ import sys
 import textwrap
 from typing import Any
 
+from mcprl._stats import counts, difference, rate
 from mcprl.cli._options import flags_for
 from mcprl.mcp import ServerInfo
 
@@ -103,6 +104,12 @@ def print_summary(summary: Any, again: str) -> None:
                 pct = k in ("success", "completed")
                 cells.append("–" if v is None else (f"{v:.0%}" if pct else f"{v:.3f}"))
             print(f"  {k:<13}{cells[0]:>12}{cells[1]:>12}")
+    before, after = counts(summary.baseline), counts(summary.final)
+    if before and after and summary.final_step != summary.baseline_step:
+        print(f"  val success {before[0]} of {before[1]} → {after[0]} of {after[1]}: "
+              f"{difference(before, after)}")  # fmt: skip
+    elif after:
+        print(f"  val success: {rate(*after)}")
     if done:
         updated = done - summary.steps_without_update
         print(
