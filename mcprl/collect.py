@@ -6,7 +6,9 @@ share.
     metrics = summarize(groups, scenarios)   # reward, success, completed, turns, tool_errors
 
 Attempt seeds are fixed by (seed, scenario position, attempt), so two models or two checkpoints
-collected with the same seed meet the same sampling noise: their difference is the policy's.
+collected with the same seed meet the same sampling noise: in float32 their difference is the
+policy's; in bfloat16 the rows that happen to share a batch also move the rounding a little
+(docs/serving.md, "Reproducible attempts").
 `success` is the share of attempts whose answer (or calls) match the scenario's reference; it is
 left out where no scenario has one.
 """

@@ -318,3 +318,26 @@ def test_an_adapter_the_engine_cannot_serve_is_refused_by_name(engine, tmp_path,
         engine.load_adapter("odd@1", path)
     assert "odd@1" not in engine.adapters
     assert not any(isinstance(m, LoraLinear) for m in engine.model.modules())
+
+
+def test_a_fresh_adapter_samples_the_base_models_tokens_in_a_batch(engine, tmp_path):
+    """A run's step 0 (LoRA B = 0) is the base model: with the same seeds its attempts are the
+    base's, token for token, also when the rows share a batch (float32; in bfloat16 the batch's
+    shape moves the rounding, and a token can flip: docs/serving.md)."""
+    from peft import LoraConfig, get_peft_model
+
+    path = tmp_path / "zero"
+    base = load_model(MODEL, dtype="float32").model
+    get_peft_model(
+        base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
+    ).save_pretrained(path)
+    prompts = [_prompt(engine, f"What is {a} plus {b}?") for a, b in [(3, 4), (12, 30)]]
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=1234)
+    engine.load_adapter("zero@0", str(path))
+    try:
+        as_base = [engine.submit(p, params) for p in prompts]
+        as_adapter = [engine.submit(p, params, adapter="zero@0") for p in prompts]
+        tokens = [[f.result(timeout=120)[0].token_ids for f in fs] for fs in (as_base, as_adapter)]
+    finally:
+        engine.unload_adapter("zero@0")
+    assert tokens[0] == tokens[1]

@@ -217,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed",
         type=int,
         default=0,
-        help="sampling seed; the same seed gives every model the same noise (default 0)",
+        help="sampling seed; the same seed gives every model the same noise (exactly, with "
+        "--dtype float32; in bfloat16 the batch's rounding adds a little) (default 0)",
     )
     ev.add_argument("--concurrency", type=int, default=8, help="attempts in flight (default 8)")
     ev.add_argument("--output", help="directory for the results (default PROJECT/evals)")
