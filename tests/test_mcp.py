@@ -310,3 +310,74 @@ def test_error_results_are_flagged_and_prefixed():
         _result(mcp_types.TextContent(type="text", text="disk full"), is_error=True)
     )
     assert (result.text, result.is_error) == ("Error: disk full", True)
+
+
+GUARDED_SERVER = """
+import sys
+import uvicorn
+sys.path.insert(0, {examples!r})
+import calculator
+
+app = calculator.server.streamable_http_app()
+
+async def guarded(scope, receive, send):
+    if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != b"Bearer s3cret":
+        await send({{"type": "http.response.start", "status": 401,
+                    "headers": [(b"content-type", b"text/plain")]}})
+        await send({{"type": "http.response.body", "body": b"unauthorized"}})
+        return
+    await app(scope, receive, send)
+
+uvicorn.run(guarded, host="127.0.0.1", port={port}, log_level="warning")
+"""
+
+
+def test_a_header_on_the_command_line_reaches_a_server_that_wants_a_token(tmp_path, capsys):
+    """`--header 'Authorization: Bearer …'` is sent with every request; without it the server
+    refuses; the token never shows in what mcprl prints."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from mcprl.cli import main
+    from tests.helpers import EXAMPLES, free_port
+
+    port = free_port()
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED_SERVER.format(examples=str(EXAMPLES), port=port))
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, "no server"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}/mcp"
+        assert main(["tools", url, "--header", "Authorization: Bearer s3cret"]) == 0
+        out = capsys.readouterr()
+        assert "add(" in out.out and "s3cret" not in out.out + out.err
+        assert main(["tools", url, "--timeout", "10"]) == 1
+        err = capsys.readouterr().err
+        assert "it refused a request without credentials (HTTP 401 Unauthorized)" in err
+        assert "send its token as a header (--header, e.g. 'Authorization: Bearer TOKEN')" in err
+        assert main(["tools", url, "--header", "Authorization Bearer x"]) == 1
+        assert "write it as 'Name: value'" in capsys.readouterr().err
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_config_file_takes_its_secrets_from_the_environment(tmp_path, monkeypatch):
+    cfg = tmp_path / "servers.json"
+    cfg.write_text(json.dumps({"mcpServers": {"web": {
+        "url": "https://${HOST:-example.com}/mcp",
+        "headers": {"Authorization": "Bearer ${env:TOKEN}"},
+    }}}))  # fmt: skip
+    monkeypatch.setenv("TOKEN", "t0ken")
+    spec = load_mcp_config(cfg)
+    assert spec.url == "https://example.com/mcp"
+    assert spec.headers == {"Authorization": "Bearer t0ken"}
+    assert "t0ken" not in repr(spec) and "t0ken" not in spec.describe()
+    monkeypatch.delenv("TOKEN")
+    with pytest.raises(ServerSpecError, match=r"uses \$\{TOKEN\}, which is not set"):
+        load_mcp_config(cfg)

@@ -23,7 +23,7 @@ import logging
 import sys
 
 from mcprl.cli._display import EXIT_INTERRUPTED
-from mcprl.cli._options import FlagsFormatter, flags_for
+from mcprl.cli._options import FlagsFormatter, flags_for, server_of
 from mcprl.cli._parser import build_parser
 from mcprl.errors import MCPRLError
 from ruler import RulerError
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     # The MCP SDK logs each unparsable stdout line with a traceback; mcprl reports it itself.
     logging.getLogger("mcp.client.stdio").setLevel(logging.CRITICAL)
     try:
+        if getattr(args, "header", None):  # the server, with the headers to send it
+            args.server = server_of(args)
         return args.func(args)
     except (MCPRLError, RulerError, OSError) as exc:  # the error tree: one line
         print(f"mcprl: error: {flags_for(str(exc))}", file=sys.stderr)

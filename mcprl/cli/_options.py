@@ -328,6 +328,32 @@ def configured(defaults: BaseModel, fields: dict[str, Any]) -> Any:
         raise UsageError(_option_error(exc)) from None
 
 
+def headers(values: list[str] | None) -> dict[str, str]:
+    """`--header 'Name: value'` flags as a dict (a later flag of the same name wins)."""
+    out: dict[str, str] = {}
+    for item in values or []:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise UsageError(
+                f"--header {item!r}: write it as 'Name: value', e.g. 'Authorization: Bearer TOKEN'"
+            )
+        out[name.strip()] = value.strip()
+    return out
+
+
+def server_of(args: argparse.Namespace) -> Any:
+    """The server the command names, with the headers its `--header` flags add."""
+    from mcprl.mcp import ServerSpec
+
+    server = getattr(args, "server", None)
+    extra = headers(getattr(args, "header", None))
+    if not extra:
+        return server
+    if server is None:
+        raise UsageError("--header goes with a server reached by URL: give --server URL")
+    return ServerSpec.parse(server).with_headers(extra)
+
+
 def run_config(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     """One RunConfig from the flags; a flag left out keeps the config's own default.
     `overrides`: fields a command sets itself (`mcprl autorl`'s reward and rubric)."""
@@ -350,6 +376,7 @@ def rollout_config(args: argparse.Namespace) -> RolloutConfig:
 # the commands call, by the flag that sets them.
 _OTHER_FLAGS = {
     "scenarios": "--scenarios",
+    "headers": "--header",
     "trainer": "--trainer",
     "backend": "--backend",
     "api_key": "--api-key",

@@ -21,6 +21,17 @@ SERVER_HELP = (
 )
 
 
+def _add_header(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--header",
+        action="append",
+        metavar="'NAME: VALUE'",
+        help="an HTTP header for a server reached by URL, e.g. 'Authorization: Bearer TOKEN' "
+        "(repeatable; kept out of logs and run records; a flag is visible in `ps`: an MCP "
+        "config file with ${VAR} keeps the token in the environment)",
+    )
+
+
 class _Parser(argparse.ArgumentParser):
     """Flags are exact: `--step 3` is refused, not taken as `--steps 3` (argparse's prefix
     matching). An unknown flag is reported with its own command's usage and the nearest flag."""
@@ -93,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tools", help="list a server's tools and resources")
     t.add_argument("server", help=SERVER_HELP)
+    _add_header(t)
     t.add_argument("--json", action="store_true", help="print JSON for machines")
     t.add_argument(
         "--timeout", type=float, default=30.0, help="start-up time-out in seconds (default 30)"
@@ -101,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("scenarios", help="write practice tasks for a server's tools")
     s.add_argument("server", help=SERVER_HELP)
+    _add_header(s)
     s.add_argument("-n", type=int, default=24, help="how many scenarios (default 24)")
     s.add_argument("-o", "--output", required=True, help="JSONL file to write")
     s.add_argument(
@@ -137,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="train a model to use a server's tools (resumes a run)")
     tr.add_argument("server", help=SERVER_HELP)
+    _add_header(tr)
     tr.add_argument(
         "--scenarios",
         help="JSONL scenario file (default: the run's, the curated "
@@ -156,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("autorl", help="train from nothing but a task description")
     au.add_argument("task", help="what the model should learn to do, in words")
     au.add_argument("--server", help="optional: " + SERVER_HELP)
+    _add_header(au)
     au.add_argument("-n", type=int, default=24, help="inputs to write (default 24)")
     au.add_argument(
         "--generator",
@@ -167,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate models side by side on a scenario set")
     ev.add_argument("server", help=SERVER_HELP)
+    _add_header(ev)
     ev.add_argument(
         "--model",
         dest="models",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -170,9 +170,10 @@ async def open_session(
 ) -> AsyncIterator[MCPSession]:
     """Open a session with a server: a spec string, a `ServerSpec`, or (in-process) a server
     object such as an `MCPServer`."""
+    refused: list[int] = []
     if isinstance(server, (str, ServerSpec)):
         spec = ServerSpec.parse(server)
-        target: Any = _target(spec)
+        target: Any = _target(spec, refused)
     else:  # an in-process server object
         spec = ServerSpec(transport="stdio", name=getattr(server, "name", "in-process"))
         target = server
@@ -200,7 +201,7 @@ async def open_session(
                 try:
                     await stack.enter_async_context(client)
                 except Exception as exc:
-                    raise _start_error(spec, exc, stderr, junk, startup_timeout) from exc
+                    raise _start_error(spec, exc, stderr, junk, startup_timeout, refused) from exc
                 session = MCPSession(spec, client, stderr, call_timeout)
                 session.max_result_chars = max_result_chars
                 yield session
@@ -208,7 +209,9 @@ async def open_session(
             raise _unwrap(group) from None
 
 
-def _target(spec: ServerSpec) -> Any:
+def _target(spec: ServerSpec, refused: list[int]) -> Any:
+    """What the SDK's client connects to; `refused` collects the HTTP statuses (401, 403) of
+    requests the server turned away for want of credentials, which the SDK does not report."""
     if spec.transport == "stdio":
         return StdioServerParameters(
             command=spec.command[0], args=list(spec.command[1:]), env=spec.env, cwd=spec.cwd
@@ -217,12 +220,19 @@ def _target(spec: ServerSpec) -> Any:
         from mcp.client.sse import sse_client
 
         return sse_client(spec.url, headers=spec.headers)
-    if spec.headers:
-        from mcp.client.streamable_http import streamable_http_client
+    from mcp.client.streamable_http import streamable_http_client
 
-        client = httpx2.AsyncClient(headers=spec.headers)
-        return streamable_http_client(spec.url, http_client=client)
-    return spec.url
+    async def note_refusal(response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            refused.append(response.status_code)
+
+    # the MCP SDK's own timeouts (a response stream may stay open for minutes)
+    client = httpx2.AsyncClient(
+        headers=spec.headers,
+        timeout=httpx2.Timeout(30.0, read=300.0),
+        event_hooks={"response": [note_refusal]},
+    )
+    return streamable_http_client(spec.url, http_client=client)
 
 
 def _junk_text(exc: Exception) -> str:
@@ -286,11 +296,25 @@ _HTTP_REASONS = {
 
 
 def _start_error(
-    spec: ServerSpec, exc: BaseException, stderr: Any, junk: list[str], timeout: float
+    spec: ServerSpec,
+    exc: BaseException,
+    stderr: Any,
+    junk: list[str],
+    timeout: float,
+    refused: Sequence[int] = (),
 ) -> MCPServerStartError:
     leaf = _leaves(exc)[0]
     where = f"MCP server {spec.describe()}"
-    if junk:
+    if refused:
+        status = refused[-1]
+        said = "Unauthorized" if status == 401 else "Forbidden"
+        given = "the credentials sent" if spec.headers else "a request without credentials"
+        cause = (
+            f"it refused {given} (HTTP {status} {said}) at {spec.url}; send its token as a "
+            "header (`headers`, e.g. 'Authorization: Bearer TOKEN'), or put it in an MCP config "
+            'file\'s "headers" with ${VAR} for the secret'
+        )
+    elif junk:
         cause = (
             f"it wrote text that is not MCP JSON-RPC to stdout ({junk[0]}); over stdio, stdout "
             "carries protocol messages only, so the server must log to stderr"

@@ -2,7 +2,9 @@
 
 - `http://…` or `https://…`: streamable HTTP; a URL whose path ends in `/sse`: SSE.
 - `example:calculator`: one of the example servers shipped with mcprl, over stdio.
-- `servers.json` or `servers.json#name`: an MCP client config file (`{"mcpServers": {…}}`).
+- `servers.json` or `servers.json#name`: an MCP client config file (`{"mcpServers": {…}}`);
+  `${VAR}` (also `${env:VAR}`, and `${VAR:-default}`) in its strings is replaced by the
+  environment variable, as other MCP clients do, so a token stays out of the file.
 - anything else: a command line, run as a subprocess speaking MCP over stdio; leading
   `KEY=VALUE` words set the server's environment (`"ALLOWED_DIR=/tmp/x npx -y server"`).
 """
@@ -40,6 +42,24 @@ class ServerSpec(BaseModel):
     cwd: str | None = None
     url: str | None = None
     headers: dict[str, str] | None = None
+
+    def __repr_args__(self) -> Any:
+        # header and environment values are often secrets (tokens, API keys): never shown
+        for key, value in super().__repr_args__():
+            if key in ("headers", "env") and value:
+                value = {k: "***" for k in value}
+            yield key, value
+
+    def with_headers(self, headers: dict[str, str]) -> ServerSpec:
+        """This spec with `headers` added to those it has (sent with every HTTP request)."""
+        if not headers:
+            return self
+        if self.transport == "stdio":
+            raise ServerSpecError(
+                f"headers go to a server reached by URL, and {self.describe()} runs as a "
+                "command; give it its token in its environment (`KEY=VALUE command`) instead"
+            )
+        return self.model_copy(update={"headers": {**(self.headers or {}), **headers}})
 
     @classmethod
     def parse(cls, spec: str | ServerSpec, *, env: dict[str, str] | None = None) -> ServerSpec:
@@ -124,9 +144,37 @@ def load_mcp_config(path: str | os.PathLike[str], name: str | None = None) -> Se
     return _from_config_entry(name, servers[name], p)
 
 
+_VARIABLE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand(value: Any, name: str, source: Path) -> Any:
+    """`value` (a config entry's string, list or object) with `${VAR}` replaced by the
+    environment's value; an unset variable without a default is an error naming it."""
+    if isinstance(value, str):
+
+        def variable(match: re.Match[str]) -> str:
+            found = os.environ.get(match.group(1))
+            if found is not None:
+                return found
+            if match.group(2) is not None:
+                return match.group(2)
+            raise ServerSpecError(
+                f"{source}: server {name!r} uses ${{{match.group(1)}}}, which is not set; "
+                f"export {match.group(1)}=… or write ${{{match.group(1)}:-default}}"
+            )
+
+        return _VARIABLE.sub(variable, value)
+    if isinstance(value, list):
+        return [_expand(v, name, source) for v in value]
+    if isinstance(value, dict):
+        return {k: _expand(v, name, source) for k, v in value.items()}
+    return value
+
+
 def _from_config_entry(name: str, entry: Any, source: Path) -> ServerSpec:
     if not isinstance(entry, dict):
         raise ServerSpecError(f"{source}: server {name!r} must be an object")
+    entry = _expand(entry, name, source)
     if "url" in entry:
         kind = str(entry.get("type") or entry.get("transport") or "").lower()
         url = str(entry["url"])
