@@ -178,3 +178,18 @@ def test_a_single_reply_without_tools_is_described_as_such():
     assert _stop_reason(reply) == "the reply ended on its own"  # never "called complete_task"
     reply.choices = [Choice(message_index=1, finish_reason="length")]
     assert _stop_reason(reply) == "the reply was cut at the token limit"
+
+
+def test_the_reports_val_table_shows_success_counts_and_whether_they_moved_beyond_noise():
+    from mcprl.report import _summary_table
+
+    def val(step: int, successes: int) -> dict:
+        return {"step": step, "val/attempts": 24.0, "val/success": successes / 24,
+                "val/successes": float(successes), "val/checked_attempts": 24.0}  # fmt: skip
+
+    table = _summary_table([val(0, 3), {"step": 1, "train/loss": 0.1}, val(10, 13)])
+    assert "3 of 24 (12%, 95% CI 4–31%)" in table and "13 of 24 (54%, 95% CI 35–72%)" in table
+    assert "Val success from step 0 to 10: +42 points (95% CI" in table
+    assert "within the noise" not in table
+    old = _summary_table([{"step": 0, "val/attempts": 24.0, "val/success": 0.125}])
+    assert "12%" in old  # a history written before the counts still reads
