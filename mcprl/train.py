@@ -33,8 +33,8 @@ trajectories live with the backend. It reads the history once, when the loop sta
 the rows it appends.
 
 The loop emits events to its `observers` (async callables): `RunStarted` (with the history so
-far), `GroupsDrawn` (a step's scored groups, before it trains), `RowRecorded` (each history row
-a step or an evaluation appends) and `RunEnded`. The console (`mcprl.console.Console`), the
+far), `StepStarted`, `GroupsDrawn` (a step's scored groups, before it trains), `RowRecorded`
+(each history row a step or an evaluation appends) and `RunEnded`. The console (`mcprl.console.Console`), the
 trackers (`mcprl.trackers.TrackerObserver`) and the report (`mcprl.report.ReportObserver`,
 written where the backend keeps the run on this machine, else into `workdir`) subscribe to
 them; `mcprl train` attaches all three as its settings ask (`trackers`, `write_report`). The
@@ -86,6 +86,7 @@ __all__ = [
     "RunObserver",
     "RunStarted",
     "RunSummary",
+    "StepStarted",
     "TrainingRun",
     "scheduled_lr",
 ]
@@ -224,6 +225,14 @@ class RunStarted:
 
 
 @dataclass(frozen=True)
+class StepStarted:
+    """Training step `step` begins (its rollouts come first)."""
+
+    run: TrainingRun
+    step: int
+
+
+@dataclass(frozen=True)
 class GroupsDrawn:
     """Step `step` rolled out and scored its groups (the informative ones first); it trains
     next. `counts`: what the draw did (groups drawn, tied, trained, dropped; attempts
@@ -253,7 +262,7 @@ class RunEnded:
     completed: bool
 
 
-RunEvent = RunStarted | GroupsDrawn | RowRecorded | RunEnded
+RunEvent = RunStarted | StepStarted | GroupsDrawn | RowRecorded | RunEnded
 RunObserver = Callable[[RunEvent], Awaitable[None]]
 
 
@@ -547,6 +556,7 @@ class TrainingRun:
 
     async def _step(self, summary: RunSummary) -> None:
         config, step = self.config, self.model.step + 1
+        await self._emit(StepStarted(self, step))
         groups, counts, times = await self._draw_groups(step)
         await self._emit(GroupsDrawn(self, step, groups, counts))
         dropped = int(counts["groups_dropped"])

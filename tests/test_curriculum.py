@@ -532,7 +532,7 @@ async def test_a_run_reads_its_history_once_and_its_observers_see_every_row(tmp_
     """The loop re-read the whole history 3-4 times a step to learn what it had just written
     (an HTTP call each on the remote backend); it keeps the rows it appends instead, and the
     trackers and the report follow them as events."""
-    from mcprl.train import RowRecorded, RunEnded, RunStarted
+    from mcprl.train import GroupsDrawn, RowRecorded, RunEnded, RunStarted, StepStarted
 
     class CountingBackend(FakeBackend):
         reads = 0
@@ -568,4 +568,6 @@ async def test_a_run_reads_its_history_once_and_its_observers_see_every_row(tmp_
     rows = [e.row for e in events if isinstance(e, RowRecorded)]
     assert rows == await backend.history(run.model)  # exactly what the backend appended
     assert [r["step"] for r in rows if "val/attempts" in r] == [0, 2, 3]
+    assert [e.step for e in events if isinstance(e, StepStarted)] == [1, 2, 3]
+    assert [e.step for e in events if isinstance(e, GroupsDrawn)] == [1, 2, 3]
     assert summary.last_step == 3 and summary.baseline_step == 0 and summary.final_step == 3
