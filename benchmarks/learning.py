@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -120,6 +121,14 @@ def main() -> None:
     p.add_argument("--path", help="where the runs go (default: a temporary directory)")
     p.add_argument("--out", help="results JSON (default benchmarks/results/learning-<server>.json)")
     p.add_argument(
+        "--judge-standin",
+        metavar="SCENARIOS",
+        help="serve the judge stand-in (benchmarks/judge_standin.py) knowing these scenarios' "
+        "answers; a variant's flags may then name its URL as {standin}, e.g. "
+        "--variant ruler='--reward ruler --judge openai/standin --judge-api-base {standin}'",
+    )
+    p.add_argument("--standin-error-rate", type=float, default=0.1)
+    p.add_argument(
         "--resume",
         action="store_true",
         help="with --path: keep the trainings and evaluations that finished there; do the rest",
@@ -127,6 +136,16 @@ def main() -> None:
     args = p.parse_args()
 
     variants = dict(v.split("=", 1) for v in (args.variant or ["default="]))
+    standin = judge = None
+    if args.judge_standin:
+        from benchmarks.judge_standin import StandinJudge, serve
+        from mcprl.scenarios import ScenarioSet
+
+        judge = StandinJudge(ScenarioSet.load(args.judge_standin),
+                             error_rate=args.standin_error_rate)  # fmt: skip
+        standin, url = serve(judge)
+        os.environ.setdefault("OPENAI_API_KEY", "standin")  # LiteLLM asks for one
+        variants = {k: v.replace("{standin}", url) for k, v in variants.items()}
     if args.resume and not args.path:
         p.error("--resume needs the --path of the interrupted run")
     slug = args.server.replace("example:", "").replace("/", "_").replace(":", "_")
@@ -169,6 +188,10 @@ def main() -> None:
         results["runs"][name] = run
         out_file.write_text(json.dumps(results, indent=2))
         _report_run(name, run)
+    if standin is not None:  # what the stand-in scored: how many right, progress, random
+        results["judge_standin"] = dict(judge.stats, error_rate=args.standin_error_rate)
+        out_file.write_text(json.dumps(results, indent=2))
+        standin.shutdown()
     _report(results)
     if tmp is not None:
         tmp.cleanup()
