@@ -34,11 +34,11 @@ the rows it appends.
 
 The loop emits events to its `observers` (async callables): `RunStarted` (with the history so
 far), `StepStarted`, `GroupsDrawn` (a step's scored groups, before it trains), `RowRecorded`
-(each history row a step or an evaluation appends) and `RunEnded`. The console (`mcprl.console.Console`), the
-trackers (`mcprl.trackers.TrackerObserver`) and the report (`mcprl.report.ReportObserver`,
-written where the backend keeps the run on this machine, else into `workdir`) subscribe to
-them; `mcprl train` attaches all three as its settings ask (`trackers`, `write_report`). The
-loop itself says only what its preflight checks found (`say`).
+(each history row a step or an evaluation appends) and `RunEnded`. The console
+(`mcprl.console.Console`), the trackers (`mcprl.trackers.TrackerObserver`) and the report
+(`mcprl.report.ReportObserver`, written where the backend keeps the run on this machine, else
+into `workdir`) subscribe to them; `mcprl train` attaches all three as its settings ask
+(`trackers`, `write_report`). The loop itself says only what its preflight checks found (`say`).
 """
 
 from __future__ import annotations
