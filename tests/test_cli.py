@@ -159,12 +159,12 @@ def test_a_logged_phase_writes_a_line_when_it_starts_and_one_when_it_ends(capsys
     assert lines[1].endswith(", reward 0.5")
 
 
-# `mcprl train` options that are not settings of the run (RunConfig): where its scenarios come
-# from, which backend runs it and how, and what is displayed
+# `mcprl train` options that are not settings of the run (RunConfig): how to reach the server,
+# where its scenarios come from, which backend runs it and how, and what is displayed
 _NOT_RUN_SETTINGS = {
-    "-h", "--scenarios", "-n", "--generator", "--allow-writes", "--path", "--quick", "--dtype",
-    "--device", "--threads", "--backend", "--api-key", "--vllm-url", "--vllm-sleep", "--trainer",
-    "-q",
+    "-h", "--header", "--scenarios", "-n", "--generator", "--allow-writes", "--path", "--quick",
+    "--dtype", "--device", "--threads", "--backend", "--api-key", "--vllm-url", "--vllm-sleep",
+    "--trainer", "-q",
 }  # fmt: skip
 
 
