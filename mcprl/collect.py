@@ -169,6 +169,7 @@ _MEANS = (
     "tool_calls",
     "tool_errors",
     "reward_ruler",
+    "judged_success",
     "reward_answer",
     "reward_calls",
     "reward_reported",

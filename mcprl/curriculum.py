@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from mcprl.errors import UsageError
-from mcprl.rewards import Informative, is_informative
+from mcprl.rewards import Informative, is_informative, success_key
 from mcprl.scenarios import Scenario, has_reference
 from mcprl.types import TrajectoryGroup
 
@@ -133,6 +133,7 @@ class ScenarioSampler:
         self.min_weight = min_weight
         self.mode = mode
         self.informative = informative
+        self._mark = success_key(informative)  # what counts as solved
         if not 0.0 < repeat_kind <= 1.0:
             raise UsageError(f"repeat_kind={repeat_kind}: it must be in (0, 1]")
         self.repeat_kind = repeat_kind
@@ -151,7 +152,7 @@ class ScenarioSampler:
                 continue
             kind = self._by_kind[self._kind[g.scenario_id or ""]]
             informative = is_informative(g, self.informative)
-            solved = [t for t in g.trajectories if t.metrics.get("success", 0.0) >= 1.0]
+            solved = [t for t in g.trajectories if t.metrics.get(self._mark, 0.0) >= 1.0]
             own = sum("first_tool" not in t.metadata for t in solved)
             for s in (stats, kind):
                 s.groups += 1
@@ -164,10 +165,11 @@ class ScenarioSampler:
 
     def unsolved(self, scenario: Scenario) -> bool:
         """Its kind was tried and no attempt of the policy's own choosing solved it: where some
-        attempts should explore (`TrainConfig.explore`). False for a scenario with no reference
-        (success is unknown there)."""
+        attempts should explore (`TrainConfig.explore`). Success is the judge's verdict with
+        `informative="judged"`; else the reference check, and a scenario with no reference is
+        never unsolved (its success is unknown)."""
 
-        if not has_reference(scenario):
+        if self.informative != "judged" and not has_reference(scenario):
             return False
         kind = self._by_kind.get(self._kind.get(scenario.id, ()))
         return kind is not None and kind.groups > 0 and kind.own_successes == 0

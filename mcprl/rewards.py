@@ -60,6 +60,7 @@ from mcprl.types import Trajectory, TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError
 
 __all__ = [
+    "JUDGED_SUCCESS",
     "Informative",
     "ReferenceReward",
     "Reward",
@@ -74,11 +75,22 @@ __all__ = [
     "reward_parts",
     "ruler_score_group",
     "scorer",
+    "success_key",
 ]
 
 logger = logging.getLogger(__name__)
 
-Informative = Literal["reward", "success"]
+Informative = Literal["reward", "success", "judged"]
+
+# a RULER score at or above this is the judge's verdict that the attempt accomplished the task
+# (ruler's instructions tell the judge so)
+JUDGED_SUCCESS = 0.5
+
+
+def success_key(by: Informative) -> str:
+    """The attempt metric that says it succeeded, for the rule `by`: the judge's verdict
+    (`judged_success`) for `"judged"`, else the reference check (`success`)."""
+    return "judged_success" if by == "judged" else "success"
 
 
 def is_informative(group: TrajectoryGroup, by: Informative = "reward") -> bool:
@@ -87,7 +99,9 @@ def is_informative(group: TrajectoryGroup, by: Informative = "reward") -> bool:
     `by="reward"`: its rewards are not all equal. `by="success"`: some of its attempts succeeded
     and some did not (DAPO's filter on accuracy), so a group that differs only by partial credit
     teaches nothing; where the attempts carry no success mark (`metrics["success"]`, set for
-    scenarios with a reference answer), the rewards decide as with `"reward"`.
+    scenarios with a reference answer), the rewards decide as with `"reward"`. `by="judged"`:
+    the same with the judge's verdict as the success mark (`metrics["judged_success"]`, a RULER
+    score of at least `JUDGED_SUCCESS`), the rule for a reward without references.
     """
     scored = [t for t in group.trajectories if t.reward is not None]
     rewards = [t.reward for t in scored]
@@ -95,7 +109,7 @@ def is_informative(group: TrajectoryGroup, by: Informative = "reward") -> bool:
         return False
     if by == "reward":
         return True
-    marks = [t.metrics.get("success") for t in scored]
+    marks = [t.metrics.get(success_key(by)) for t in scored]
     if any(m is None for m in marks):
         return True
     return 0 < sum(m >= 1.0 for m in marks) < len(marks)
@@ -394,6 +408,7 @@ def scorer(
                 parts.append((reference_weight, ref_scores[i]))
             if ruler_scores is not None:
                 t.metrics["reward_ruler"] = ruler_scores[i]
+                t.metrics["judged_success"] = float(ruler_scores[i] >= JUDGED_SUCCESS)
                 parts.append((ruler_weight, ruler_scores[i]))
             t.reward = sum(w * v for w, v in parts) / sum(w for w, _ in parts)
         return group
@@ -523,9 +538,12 @@ class Reward:
         return self.custom is None and self.ruler > 0
 
     def informative(self, wanted: Informative) -> Informative:
-        """Which groups carry signal: by success (`wanted`) only when the reward checks the
-        references; with RULER alone or a custom reward, the rewards decide."""
-        return wanted if self.checks_references else "reward"
+        """Which groups carry signal (`is_informative`). With `wanted="success"`: by the
+        reference check when the reward checks references; with RULER alone, by the judge's
+        verdict (`"judged"`), references or not; with a custom reward, the rewards decide."""
+        if wanted == "reward" or self.checks_references:
+            return wanted
+        return "judged" if self.needs_judge else "reward"
 
     def scorer(
         self,

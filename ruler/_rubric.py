@@ -22,6 +22,7 @@ DEFAULT_RUBRIC = """\
 INSTRUCTIONS = """\
 You are an impartial judge. Several AI agents each attempted the same task. You will compare
 their attempts (trajectories) against each other and give each one a score between 0 and 1.
+A score of 0.5 or more says that the attempt accomplished the task; below 0.5, that it did not.
 
 Scoring rubric:
 {rubric}
