@@ -137,7 +137,10 @@ def _answer_and_tools(messages: list[dict[str, Any]]) -> tuple[str | None, set[s
 
 
 def serve(judge: StandinJudge, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
-    """Serve `judge` on 127.0.0.1 in a background thread; returns the server and its /v1 URL."""
+    """Serve `judge` on 127.0.0.1 in a background thread; returns the server and its /v1 URL.
+
+    It speaks OpenAI's chat completions (`openai/`, `hosted_vllm/` model strings, at the /v1
+    URL) and Ollama's `/api/chat` (`ollama_chat/`, at the URL without /v1)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:  # quiet
@@ -151,6 +154,14 @@ def serve(judge: StandinJudge, port: int = 0) -> tuple[ThreadingHTTPServer, str]
                 content = "OK"
             else:
                 content = json.dumps(judge.score_prompt(user))
+            if self.path.rstrip("/").endswith("/api/chat"):  # Ollama's own API (ollama_chat/)
+                self._send({
+                    "model": body.get("model", "standin"), "created_at": "2026-01-01T00:00:00Z",
+                    "message": {"role": "assistant", "content": content},
+                    "done": True, "done_reason": "stop",
+                    "prompt_eval_count": len(user) // 4, "eval_count": len(content) // 4,
+                })  # fmt: skip
+                return
             reply = {
                 "id": "standin", "object": "chat.completion", "created": int(time.time()),
                 "model": body.get("model", "standin"),
@@ -159,6 +170,9 @@ def serve(judge: StandinJudge, port: int = 0) -> tuple[ThreadingHTTPServer, str]
                 "usage": {"prompt_tokens": len(user) // 4, "completion_tokens": len(content) // 4,
                           "total_tokens": (len(user) + len(content)) // 4},
             }  # fmt: skip
+            self._send(reply)
+
+        def _send(self, reply: dict[str, Any]) -> None:
             data = json.dumps(reply).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")

@@ -100,6 +100,9 @@ def _history(run_dir: Path) -> dict[str, list]:
     return {
         "val_success": [(r["step"], r.get("val/success")) for r in rows if "val/attempts" in r],
         "train_success": [(r["step"], r.get("train/success")) for r in rows if "train/groups" in r],
+        "train_judged_success": [
+            (r["step"], r["train/judged_success"]) for r in rows if "train/judged_success" in r
+        ],
         "groups_trained": [
             (r["step"], r.get("train/groups_trained")) for r in rows if "train/groups" in r
         ],
@@ -128,6 +131,13 @@ def main() -> None:
         "--variant ruler='--reward ruler --judge openai/standin --judge-api-base {standin}'",
     )
     p.add_argument("--standin-error-rate", type=float, default=0.1)
+    p.add_argument(
+        "--eval-scenarios",
+        metavar="FILE",
+        help="evaluate on this file's val scenarios (default: the run's own): for runs that "
+        "train on scenarios with their references hidden, e.g. --variant hidden='--scenarios "
+        "no-refs.jsonl ...' --eval-scenarios scenarios/calculator.jsonl",
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -172,8 +182,11 @@ def main() -> None:
                       "counts only what is left", flush=True)  # fmt: skip
             seconds = _mcprl(*train_args, log=log)
             timed.write_text(f"{seconds}\n")
+        flags_of_eval = eval_flags(shlex.split(flags))
+        if args.eval_scenarios:
+            flags_of_eval += ["--scenarios", args.eval_scenarios]
         evals = [_eval(args.server, path, project, ["base", name], s, log, args.attempts,
-                       args.resume, eval_flags(shlex.split(flags))) for s in seeds]  # fmt: skip
+                       args.resume, flags_of_eval) for s in seeds]  # fmt: skip
         base_key = next(k for k in evals[0] if "@" not in k)
         trained_key = next(k for k in evals[0] if "@" in k)
         run = {

@@ -170,6 +170,7 @@ _MEANS = (
     "tool_errors",
     "reward_ruler",
     "judged_success",
+    "judge_agreement",
     "reward_answer",
     "reward_calls",
     "reward_reported",

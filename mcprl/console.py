@@ -64,8 +64,21 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
         + (f", {explored:.0f} attempts explored" if explored else "")
         + (f"; no update: {_NO_SIGNAL[informative]}" if train("skipped_update", 0) else "")
         + f" | rollouts {row.get('time/rollout_s', 0):.0f} s, "
-        f"judge {row.get('time/judge_s', 0):.0f} s, train {train('time_train_s', 0):.0f} s"
+        f"judge {row.get('time/judge_s', 0):.0f} s{_judging(row)}, "
+        f"train {train('time_train_s', 0):.0f} s"
     )
+
+
+def _judging(row: dict[str, Any]) -> str:
+    """What the step's judging spent, and how well two passes agreed (when it ran them)."""
+    if "judge/tokens" not in row:
+        return ""
+    parts = [f"{row['judge/tokens'] / 1000:.1f}k tokens"]
+    if "judge/cost_usd" in row:
+        parts.append(f"${row['judge/cost_usd']:.4f}")
+    if "train/judge_agreement" in row:
+        parts.append(f"passes agree {row['train/judge_agreement']:.2f}")
+    return f" ({', '.join(parts)})"
 
 
 def alike_warning(groups: list[TrajectoryGroup], reward: Reward) -> str | None:

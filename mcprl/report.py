@@ -141,6 +141,41 @@ def _settings(run_dir: Path, info: dict[str, Any]) -> str:
     return f"<details>{summary}<table>{body}</table></details>"
 
 
+def _judge_spending(rows: list[dict[str, Any]]) -> str:
+    """What the judge cost, step by step, and how well its two passes agreed (if it ran two)."""
+    steps = [r for r in rows if "judge/tokens" in r]
+    if not steps:
+        return ""
+    last = steps[-1]
+    total = f"{last['judge/total_tokens']:,.0f} tokens"
+    if "judge/total_cost_usd" in last:
+        total += f", ${last['judge/total_cost_usd']:.4f}"
+    else:
+        total += " (LiteLLM has no price for this judge: give --judge-price to see a cost)"
+    has_agreement = any("train/judge_agreement" in r for r in steps)
+    head = "<tr><th>step</th><th>tokens</th><th>cost (USD)</th>" + (
+        "<th>passes' rank agreement</th>" if has_agreement else ""
+    )
+    body = ""
+    for r in steps:
+        cost = f"{r['judge/cost_usd']:.4f}" if "judge/cost_usd" in r else "–"
+        cells = [str(r["step"]), f"{r['judge/tokens']:,.0f}", cost]
+        if has_agreement:
+            a = r.get("train/judge_agreement")
+            cells.append("–" if a is None else f"{a:.2f}")
+        body += "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
+    note = (
+        "<p>Agreement is the rank correlation of the two passes' scores (1: the same order; "
+        "near 0: the judge is guessing).</p>"
+        if has_agreement
+        else ""
+    )
+    return (
+        f"<details><summary>The judge spent {html.escape(total)} up to step {last['step']} "
+        f"(evaluations included)</summary><table>{head}</tr>{body}</table>{note}</details>"
+    )
+
+
 def _judge_losses(rows: list[dict[str, Any]]) -> str:
     lost = {
         r["step"]: r["train/groups_dropped"]
@@ -506,6 +541,7 @@ def write_report(run_dir: str | Path) -> Path:
 <h2>Validation: first and latest evaluation</h2>{_summary_table(rows)}
 {_updates(rows)}
 {_judge_losses(rows)}
+{_judge_spending(rows)}
 {_settings(run_dir, info)}
 <div class="plots">{figures}</div>
 {trajectories}

@@ -71,6 +71,7 @@ __all__ = [
     "calls_matched",
     "is_informative",
     "is_success",
+    "reference_hint",
     "reference_reward",
     "reward_parts",
     "ruler_score_group",
@@ -356,6 +357,21 @@ def is_success(trajectory: Trajectory, scenario: Scenario) -> bool:
     return (parts.answer if scenario.reference.answer is not None else parts.calls) >= 1.0
 
 
+def reference_hint(scenario: Scenario | None) -> str | None:
+    """A scenario's reference as a hint for the judge (its calls and answer); None without."""
+    ref = scenario.reference if scenario is not None else None
+    if ref is None or (not ref.calls and ref.answer is None):
+        return None
+    lines = [
+        f"call {i}: {c.tool}({json.dumps(c.arguments, ensure_ascii=False, sort_keys=True)})"
+        + (f" -> {c.result}" if c.result is not None else "")
+        for i, c in enumerate(ref.calls, 1)
+    ]
+    if ref.answer is not None:
+        lines.append(f"answer: {ref.answer}")
+    return "\n".join(lines)
+
+
 def scorer(
     scenarios: Mapping[str, Scenario],
     *,
@@ -365,8 +381,11 @@ def scorer(
     reference: ReferenceReward | None = None,
     drop_failed_groups: bool = False,
     on_drop: Callable[[TrajectoryGroup, Exception], None] | None = None,
+    judge_hint: bool = False,
 ) -> Callable[[TrajectoryGroup], Any]:
-    """An `after_each` callback for `gather_groups` that sets rewards (see module docstring)."""
+    """An `after_each` callback for `gather_groups` that sets rewards (see module docstring).
+    `judge_hint`: show the judge the scenario's reference (`reference_hint`), marked as a hint.
+    """
     if ruler_weight > 0 and judge is None:
         raise UsageError("ruler_weight > 0 needs a judge")
     if reference_weight <= 0 and ruler_weight <= 0:
@@ -391,7 +410,9 @@ def scorer(
         if ruler_weight > 0 and len(group.trajectories) >= 2:
             try:
                 result = await judge.score(
-                    [t.messages for t in group.trajectories], tools=group.trajectories[0].tools
+                    [t.messages for t in group.trajectories],
+                    tools=group.trajectories[0].tools,
+                    hint=reference_hint(scenario) if judge_hint else None,
                 )
             except JudgeError as exc:
                 if not drop_failed_groups:
@@ -401,6 +422,9 @@ def scorer(
                     on_drop(group, exc)
                 return None
             ruler_scores = result.rewards
+            if result.agreement is not None:  # two passes: how well they agreed on the group
+                for t in group.trajectories:
+                    t.metrics["judge_agreement"] = result.agreement
         for i, t in enumerate(group.trajectories):
             parts = []
             if ref_scores is not None:
@@ -553,6 +577,7 @@ class Reward:
         reference: ReferenceReward | None = None,
         drop_failed_groups: bool = False,
         on_drop: Callable[[TrajectoryGroup, Exception], None] | None = None,
+        judge_hint: bool = False,
     ) -> Callable[[TrajectoryGroup], Any]:
         """The async callback that scores a group with this reward (`scorer`, `as_scorer`)."""
         if self.custom is not None:
@@ -565,4 +590,5 @@ class Reward:
             reference=reference,
             drop_failed_groups=drop_failed_groups,
             on_drop=on_drop,
+            judge_hint=judge_hint,
         )

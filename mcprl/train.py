@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mcprl._defaults import configured_llm
 from mcprl.backends import Backend
@@ -133,6 +133,27 @@ class RunConfig(BaseModel):
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
     judge: str | None = Field(default=None, description="LiteLLM model; None: see module doc")
     judge_api_base: str | None = None
+    judge_passes: int = Field(
+        default=1,
+        ge=1,
+        le=2,
+        description="2: judge each group again with its attempts in reverse order and average "
+        "the two (against position bias); the passes' agreement goes to the history",
+    )
+    judge_hint: bool = Field(
+        default=False,
+        description="show the judge each scenario's reference, marked as a hint, where it has one",
+    )
+    judge_budget: float | None = Field(
+        default=None,
+        gt=0,
+        description="USD: stop the run, its last step saved, before the judge spends more",
+    )
+    judge_price: tuple[float, float] | None = Field(
+        default=None,
+        description="USD per million prompt and completion tokens of a judge LiteLLM has no "
+        "price for ('IN,OUT')",
+    )
     rubric: str = DEFAULT_RUBRIC
     seed: int = 0
     max_concurrency: int = Field(
@@ -167,6 +188,16 @@ class RunConfig(BaseModel):
         "constant, or decaying to 0 at `steps` along a line or a half cosine",
     )
     write_report: bool = True
+
+    @field_validator("judge_price", mode="before")
+    @classmethod
+    def _price(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parts = value.replace(" ", "").split(",")
+            if len(parts) != 2:
+                raise ValueError(f"{value!r}: give two prices, IN,OUT (USD per million tokens)")
+            return tuple(parts)
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:
@@ -210,6 +241,12 @@ class RunSummary(BaseModel):
     final_step: int | None = None
     times: dict[str, float] = Field(default_factory=dict)
     steps_without_update: int = Field(default=0, description="every group tied: nothing learned")
+    judge_spent: dict[str, float] = Field(
+        default_factory=dict, description="the judge's tokens and cost, over the whole run"
+    )
+    stopped: str | None = Field(
+        default=None, description="why the run stopped before its last step (a budget)"
+    )
     groups_dropped: dict[int, int] = Field(
         default_factory=dict, description="per step: groups lost to judge failures"
     )
@@ -434,21 +471,38 @@ class TrainingRun:
                 api_base=self.config.judge_api_base,
                 rubric=self.config.rubric,
                 temperature=0.0,
+                seed=self.config.seed,
+                passes=self.config.judge_passes,
+                price=self.config.judge_price,
             )
         # the base model, served without the adapter: the judge is never the policy
         where = self.model.inference
-        return local_judge(where.base_name, where.base_url, where.api_key, self.config.rubric)
+        return local_judge(
+            where.base_name,
+            where.base_url,
+            where.api_key,
+            self.config.rubric,
+            seed=self.config.seed,
+            passes=self.config.judge_passes,
+        )
 
     async def _ping_judge(self) -> None:
         llm = self.judge.llm
         request = llm.request([{"role": "user", "content": "Reply with OK."}], max_tokens=4)
+        usage = Usage()
         try:
-            await llm.complete(request, Usage())
+            await llm.complete(request, usage)
         except JudgeError as exc:
             raise PreflightError(
                 f"the judge {llm.model} does not answer: {exc}. Check its API key or "
                 "`judge_api_base`, pick another `judge`, or use `reward=reference`"
             ) from exc
+        if self.config.judge_budget is not None and usage.cost_usd is None:
+            raise PreflightError(
+                f"`judge_budget` needs the judge's price, and LiteLLM has none for {llm.model}: "
+                "give `judge_price` (USD per million prompt and completion tokens, 'IN,OUT'), "
+                "or drop the budget"
+            )
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -483,6 +537,11 @@ class TrainingRun:
             self.model, "run_config.json", self.config.model_dump_json(indent=2)
         )
         self.rows = await self.backend.history(self.model)
+        self._spent_before = _spent_so_far(self.rows)  # a resumed run's earlier judging
+        # a Judge passed in may have spent before this run
+        self._spent_seen = self._spent_start = (
+            self.judge.spent if self.judge else Usage()
+        ).model_copy()
         await self._emit(RunStarted(self, list(self.rows)))
         completed = False
         try:
@@ -492,11 +551,15 @@ class TrainingRun:
                 if (start == 0 and not self._has_val(0)) or self._eval_due(start):
                     await self._evaluate(summary)
                 while self.model.step < config.steps:
+                    if (stop := self._over_budget()) is not None:
+                        summary.stopped = stop
+                        break
                     await self._step(summary)
                     if self._eval_due(self.model.step):
                         await self._evaluate(summary)
             summary.interrupted = self._scope.cancel_called
             summary.last_step = self.model.step
+            summary.judge_spent = _spent_so_far(self.rows)
             _fill_baseline(summary, self.rows)
             summary.run_dir = str(self.run_dir)
             completed = True
@@ -510,6 +573,43 @@ class TrainingRun:
         self.rows.append(row)
         await self._emit(RowRecorded(self, row))
 
+    def _spending(self) -> dict[str, float]:
+        """What the judge spent since the last step or evaluation (`tokens`, `calls`,
+        `cost_usd`) and over the whole run, earlier starts of a resumed run included
+        (`total_tokens`, `total_cost_usd`); the cost only where the judge's price is known."""
+        if self.judge is None:
+            return {}
+        spent, seen, start = self.judge.spent, self._spent_seen, self._spent_start
+        before = self._spent_before
+        out = {
+            "tokens": float(spent.total_tokens - seen.total_tokens),
+            "calls": float(spent.judge_calls - seen.judge_calls),
+            "total_tokens": before.get("tokens", 0.0) + spent.total_tokens - start.total_tokens,
+        }
+        if spent.cost_usd is not None:
+            cost = spent.cost_usd
+            out["cost_usd"] = cost - (seen.cost_usd or 0.0)
+            out["total_cost_usd"] = before.get("cost_usd", 0.0) + cost - (start.cost_usd or 0.0)
+        self._spent_seen = spent.model_copy()
+        return out
+
+    def _over_budget(self) -> str | None:
+        """Why the next step must not start: the judge would spend past `judge_budget`, at the
+        cost of the dearest step or evaluation so far. None: go on."""
+        budget = self.config.judge_budget
+        if budget is None or self.judge is None:
+            return None
+        costs = [v for r in self.rows for k, v in r.items() if k in _COST_KEYS]
+        total = _spent_so_far(self.rows).get("cost_usd", 0.0)
+        if total + max(costs, default=0.0) <= budget:
+            return None
+        return (
+            f"the judge has spent ${total:.4f} of the ${budget:.2f} budget (`judge_budget`), and a "
+            f"step costs up to ${max(costs):.4f}; the run stopped before step "
+            f"{self.model.step + 1}, its step {self.model.step} saved. Raise the budget and run "
+            "again to go on"
+        )
+
     def _scorer(self):
         return self.reward.scorer(
             self.by_id,
@@ -517,6 +617,7 @@ class TrainingRun:
             reference=self.config.reference_reward,
             drop_failed_groups=True,
             on_drop=lambda group, exc: self._dropped.append(exc),
+            judge_hint=self.config.judge_hint,
         )
 
     def _check_judge(self, dropped: int, total: int, what: str) -> None:
@@ -567,6 +668,7 @@ class TrainingRun:
         extra = {f"train/{k}": v for k, v in stats.items() if k not in ("reward", "reward_std")}
         extra |= {f"train/{k}": v for k, v in counts.items()}
         extra |= {"time/rollout_s": times["rollout"], "time/judge_s": times["judge"]}
+        extra |= {f"judge/{k}": v for k, v in self._spending().items()}
         self.phase = "training"
         with _Bar(f"step {step} training", self.progress) as bar:
             lr = scheduled_lr(config.train.learning_rate, config.lr_schedule, step, config.steps)
@@ -693,6 +795,7 @@ class TrainingRun:
         self._check_judge(len(self._dropped), rolled, f"the evaluation at step {step}")
         metrics = summarize(groups, self.by_id)
         metrics["time_s"] = time.perf_counter() - t0
+        metrics |= {f"judge_{k}": v for k, v in self._spending().items()}
         summary.times["eval"] = summary.times.get("eval", 0.0) + metrics["time_s"]
         with anyio.CancelScope(shield=True):
             await self.backend.log(self.model, metrics, "val", groups)
@@ -700,9 +803,16 @@ class TrainingRun:
 
 
 def local_judge(
-    base_model: str, base_url: str, api_key: str, rubric: str = DEFAULT_RUBRIC
+    base_model: str,
+    base_url: str,
+    api_key: str,
+    rubric: str = DEFAULT_RUBRIC,
+    *,
+    seed: int = 0,
+    passes: int = 1,
 ) -> Judge:
-    """RULER with the local base model: greedy, with short explanations (a small model rambles)."""
+    """RULER with the local base model: greedy, with short explanations (a small model
+    rambles), and free (its price is 0, so a budget never stops it)."""
     return Judge(
         f"openai/{base_model}",
         api_base=base_url,
@@ -712,7 +822,26 @@ def local_judge(
         explanation_max_chars=160,
         # the 135M default reads 8,192 tokens: keep a group's prompt well inside that
         max_prompt_chars=18_000,
+        seed=seed,
+        passes=passes,
+        price=(0.0, 0.0),
     )
+
+
+# where a step's row (`judge/…`) and an evaluation's (`val/judge_…`) record the judge's spending
+_COST_KEYS = ("judge/cost_usd", "val/judge_cost_usd")
+
+
+def _spent_so_far(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The judge's total tokens and cost (where known) by the last row that records them."""
+    for row in reversed(rows):
+        for prefix in ("judge/", "val/judge_"):
+            if f"{prefix}total_tokens" in row:
+                out = {"tokens": row[f"{prefix}total_tokens"]}
+                if f"{prefix}total_cost_usd" in row:
+                    out["cost_usd"] = row[f"{prefix}total_cost_usd"]
+                return out
+    return {}
 
 
 def _fill_baseline(summary: RunSummary, rows: list[dict[str, Any]]) -> None:

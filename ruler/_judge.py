@@ -29,7 +29,7 @@ from ruler._rubric import DEFAULT_RUBRIC
 from ruler._types import JudgeResult, JudgeScore, Trajectory, Usage, coerce_trajectory
 from ruler.errors import InvalidGroupError, JudgeError, JudgeParseError
 
-__all__ = ["SCORES_SCHEMA", "Judge"]
+__all__ = ["SCORES_SCHEMA", "Judge", "rank_correlation"]
 
 logger = logging.getLogger("ruler")
 
@@ -84,11 +84,22 @@ class Judge:
         cache: True (default location), False/None (off), a path, or a `JudgeCache`.
         max_concurrency: judge calls in flight at once, per event loop.
         max_prompt_chars: size budget of a serialized group; longest tool outputs are cut first.
+            "auto" (the default): 120,000 characters, or less where LiteLLM knows the model's
+            context window (3 characters a token over 80% of it, leaving room for the reply).
         structured_output: "auto" sends a JSON schema where the provider is known to take one
             (and falls back to instructions if it refuses); "json_schema" always; "instructions"
             never.
         explanation_max_chars: bound each explanation's length in the JSON schema sent (for
             small local judges under constrained decoding, which may otherwise ramble).
+        shuffle: show the attempts in an order seeded by `seed` and the group's content, not in
+            the order given (LLM judges favour positions; a group's ids still map back).
+        seed: the seed of that order.
+        price: USD per million (prompt, completion) tokens where LiteLLM has no price.
+        passes: 2 judges each group again with the attempts in reverse order and averages the
+            two verdicts; `JudgeResult.agreement` then says how well the passes agree.
+
+    `spent` adds up the usage of every group this judge scored (cached ones included, at no
+    tokens), for budgets and reports.
     """
 
     def __init__(
@@ -106,11 +117,19 @@ class Judge:
         parse_retries: int = 2,
         cache: bool | str | os.PathLike[str] | JudgeCache | None = True,
         max_concurrency: int = 8,
-        max_prompt_chars: int | None = 120_000,
+        max_prompt_chars: int | Literal["auto"] | None = "auto",
         structured_output: Literal["auto", "json_schema", "instructions"] = "auto",
         explanation_max_chars: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        passes: int = 1,
+        price: tuple[float, float] | None = None,
     ) -> None:
+        if passes not in (1, 2):
+            raise ValueError(f"passes={passes}: 1, or 2 (the second in reverse order)")
         self.explanation_max_chars = explanation_max_chars
+        self.shuffle, self.seed, self.passes = shuffle, seed, passes
+        self.spent = Usage()
         self.llm = LLMClient(
             model,
             api_base=api_base,
@@ -122,10 +141,18 @@ class Judge:
             retry=retry,
             max_concurrency=max_concurrency,
             structured_output=structured_output,
+            price=price,
         )
         self.model = model
         self.rubric = rubric
         self.parse_retries = parse_retries
+        if max_prompt_chars == "auto":
+            window = self.llm.context_window()
+            max_prompt_chars = (
+                min(DEFAULT_PROMPT_CHARS, int(window * 0.8 * 3))
+                if window
+                else (DEFAULT_PROMPT_CHARS)
+            )
         self.max_prompt_chars = max_prompt_chars
         self.cache = _make_cache(cache)
 
@@ -140,12 +167,18 @@ class Judge:
         *,
         tools: Sequence[Any] | None = None,
         rubric: str | None = None,
+        hint: str | None = None,
         swallow_exceptions: bool = False,
     ) -> JudgeResult | None:
-        """Score a group. With `swallow_exceptions`, a judge failure returns None (logged)."""
+        """Score a group. `hint`: a reference solution shown to the judge, marked as a hint.
+        With `swallow_exceptions`, a judge failure returns None (logged)."""
         group = _coerce_group(trajectories, tools)
         try:
-            return await self._score(group, rubric or self.rubric)
+            passes = [
+                await self._score(group, rubric or self.rubric, hint, reverse=bool(p))
+                for p in range(self.passes)
+            ]
+            return _combine(passes)
         except JudgeError as exc:
             if not swallow_exceptions:
                 raise
@@ -158,8 +191,17 @@ class Judge:
 
     # -- internals ------------------------------------------------------------------------------
 
-    async def _score(self, group: list[Trajectory], rubric: str) -> JudgeResult:
-        prompt = build_prompt(group, rubric, self.max_prompt_chars)
+    async def _score(
+        self, group: list[Trajectory], rubric: str, hint: str | None, reverse: bool
+    ) -> JudgeResult:
+        prompt = build_prompt(
+            group,
+            rubric,
+            self.max_prompt_chars,
+            shuffle_seed=self.seed if self.shuffle else None,
+            reverse=reverse,
+            hint=hint,
+        )
         request = self.llm.request(prompt.messages())
         key = None
         if self.cache is not None:
@@ -169,7 +211,10 @@ class Judge:
                 logger.debug("ruler: cache hit for a group of %d", len(group))
                 return _result(group, prompt, hit, Usage(cached=True), self.model)
         usage = Usage()
-        verdict = await self._ask_until_valid(request, prompt, usage)
+        try:
+            verdict = await self._ask_until_valid(request, prompt, usage)
+        finally:
+            self.spent.merge(usage)  # a failed group's calls cost as much
         if key is not None:
             await self.cache.put(key, verdict)
         return _result(group, prompt, verdict, usage, self.model)
@@ -206,6 +251,9 @@ class Judge:
             problems=problems,
         )
 
+
+# the prompt budget where the judge's context window is unknown or larger
+DEFAULT_PROMPT_CHARS = 120_000
 
 # request fields that do not change the verdict
 _NOT_IN_KEY = ("api_key", "timeout", "max_retries", "num_retries")
@@ -255,6 +303,59 @@ def _result(
             )
         )
     return JudgeResult(scores=scores, usage=usage, judge=model)
+
+
+def _combine(passes: list[JudgeResult]) -> JudgeResult:
+    """One verdict from the passes over a group: the mean score of each attempt, the
+    explanations side by side, the usage added up, and the passes' rank agreement."""
+    if len(passes) == 1:
+        only = passes[0]
+        return only.model_copy(update={"passes": [only.rewards]})
+    usage = Usage(cached=all(p.usage.cached for p in passes))
+    for p in passes:
+        usage.merge(p.usage)
+    scores = [
+        JudgeScore(
+            trajectory_id=parts[0].trajectory_id,
+            score=sum(s.score for s in parts) / len(parts),
+            explanation=" | ".join(f"pass {i + 1}: {s.explanation}" for i, s in enumerate(parts)),
+        )
+        for parts in zip(*(p.scores for p in passes), strict=True)
+    ]
+    rewards = [p.rewards for p in passes]
+    return JudgeResult(
+        scores=scores,
+        usage=usage,
+        judge=passes[0].judge,
+        passes=rewards,
+        agreement=rank_correlation(rewards[0], rewards[1]),
+    )
+
+
+def rank_correlation(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman's rank correlation of two score lists (ties share their mean rank); None
+    where either list has all scores equal (no order to agree on)."""
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    va = sum((x - ma) ** 2 for x in ra)
+    vb = sum((y - mb) ** 2 for y in rb)
+    if va == 0 or vb == 0:
+        return None
+    return sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True)) / (va * vb) ** 0.5
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
 
 
 def _reask(problems: list[str], ids: list[str]) -> str:

@@ -111,6 +111,8 @@ class LLMClient:
         structured_output: "auto" sends a JSON schema where the provider is known to take one
             (and falls back to instructions if it refuses); "json_schema" always;
             "instructions" never.
+        price: USD per million (prompt, completion) tokens, for a model LiteLLM has no price
+            for (a self-hosted judge, say); None: LiteLLM's price list, where it knows the model.
     """
 
     def __init__(
@@ -126,6 +128,7 @@ class LLMClient:
         retry: RetryPolicy | None = None,
         max_concurrency: int = 8,
         structured_output: Literal["auto", "json_schema", "instructions"] = "auto",
+        price: tuple[float, float] | None = None,
     ) -> None:
         if not model or not isinstance(model, str):
             raise ValueError("a model string such as 'openai/gpt-4.1-mini' is required")
@@ -141,6 +144,9 @@ class LLMClient:
         self.retry = retry or RetryPolicy()
         self.max_concurrency = max_concurrency
         self.structured_output = structured_output
+        if price is not None and (len(price) != 2 or min(price) < 0):
+            raise ValueError(f"price={price}: two non-negative USD amounts per million tokens")
+        self.price = price
         self._schema_refused = False
         self._limiters: weakref.WeakKeyDictionary[Any, anyio.CapacityLimiter] = (
             weakref.WeakKeyDictionary()
@@ -219,8 +225,31 @@ class LLMClient:
                     continue
                 raise JudgeAPIError.from_exception(exc, model=self.model, attempts=attempt) from exc
             content, prompt_tokens, completion_tokens = read_response(resp)
-            usage.add(prompt_tokens, completion_tokens, _cost(resp))
+            usage.add(
+                prompt_tokens, completion_tokens, self._cost(resp, prompt_tokens, completion_tokens)
+            )
             return content
+
+    def _cost(self, resp: Any, prompt_tokens: int, completion_tokens: int) -> float | None:
+        if self.price is None:
+            return _cost(resp)
+        return (self.price[0] * prompt_tokens + self.price[1] * completion_tokens) / 1e6
+
+    def context_window(self) -> int | None:
+        """The model's input limit in tokens, where LiteLLM knows it (an `ollama_chat/` model is
+        looked up under `ollama/` too: LiteLLM's table lists Ollama's models there)."""
+        names = [self.model]
+        if self.model.startswith("ollama_chat/"):
+            names.append("ollama/" + self.model.removeprefix("ollama_chat/"))
+        for name in names:
+            try:
+                info = _litellm().get_model_info(model=name)
+            except Exception:  # LiteLLM raises for models it does not know
+                continue
+            tokens = info.get("max_input_tokens") or info.get("max_tokens")
+            if tokens:
+                return int(tokens)
+        return None
 
     def _limiter(self) -> anyio.CapacityLimiter:
         loop = anyio.lowlevel.current_token().native_token

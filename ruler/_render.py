@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 from dataclasses import dataclass
 
 from ruler._rubric import INSTRUCTIONS
@@ -30,7 +31,7 @@ class Prompt:
 
     system: str
     user: str
-    judge_ids: list[str]  # ids the judge sees, one per unique trajectory
+    judge_ids: list[str]  # the id the judge sees for each unique trajectory
     index_of: list[int]  # for each input trajectory, the index of its unique trajectory
     truncated_tool_outputs: int = 0
 
@@ -82,6 +83,13 @@ def _fence_nonce(unique: list[Trajectory], rubric: str) -> str:
     return digest.hexdigest()[:12]
 
 
+HINT_NOTE = (
+    "A hint from the task's author, not seen by the agents: a reference solution. It can be "
+    "incomplete or one way among several; use it to check answers, and do not require the same "
+    "steps."
+)
+
+
 def _render_user(
     prefix: list[Message],
     tails: list[list[Message]],
@@ -89,19 +97,23 @@ def _render_user(
     own_tools: list[list[dict] | None],
     judge_ids: list[str],
     fence: str,
+    order: list[int],
+    hint: str | None = None,
 ) -> str:
     parts = [f"<context_{fence}>"]
     parts += [_msg_json(m) for m in prefix] or ["(no shared messages)"]
     parts.append(f"</context_{fence}>")
     if shared_tools:
         parts += [f"<tools_{fence}>", _canonical(shared_tools), f"</tools_{fence}>"]
-    for jid, tail, tools in zip(judge_ids, tails, own_tools, strict=True):
-        parts.append(f'<trajectory_{fence} id="{jid}">')
-        if tools:
-            parts.append(_canonical({"tools_offered": tools}))
-        parts += [_msg_json(m) for m in tail] or ["(no messages after the shared context)"]
+    if hint:
+        parts += [f"<hint_{fence}>", HINT_NOTE, hint, f"</hint_{fence}>"]
+    for u in order:
+        parts.append(f'<trajectory_{fence} id="{judge_ids[u]}">')
+        if own_tools[u]:
+            parts.append(_canonical({"tools_offered": own_tools[u]}))
+        parts += [_msg_json(m) for m in tails[u]] or ["(no messages after the shared context)"]
         parts.append(f"</trajectory_{fence}>")
-    ids = ", ".join(judge_ids)
+    ids = ", ".join(judge_ids[u] for u in order)
     parts.append(
         f"\nScore each of the {len(judge_ids)} trajectories (ids: {ids}) following the rubric. "
         "Reply with the JSON object only."
@@ -115,9 +127,29 @@ def _cut(text: str, keep: int, role: str) -> str:
     return f"{text[:keep]}\n…[{what} truncated by ruler: {cut} of {len(text)} characters cut]"
 
 
+def presentation_order(n: int, key: str, seed: int | None, reverse: bool = False) -> list[int]:
+    """The order in which `n` attempts are shown: seeded by `seed` and the group (`key`), so the
+    same group is shown the same way each time (and its verdict can be cached), and no attempt
+    keeps a place by where it came in the group; None keeps the given order. `reverse` shows
+    the same order backwards (a second pass, against position bias)."""
+    order = list(range(n))
+    if seed is not None:
+        random.Random(f"{seed}:{key}").shuffle(order)
+    return order[::-1] if reverse else order
+
+
 def build_prompt(
-    trajectories: list[Trajectory], rubric: str, max_chars: int | None = None
+    trajectories: list[Trajectory],
+    rubric: str,
+    max_chars: int | None = None,
+    *,
+    shuffle_seed: int | None = None,
+    reverse: bool = False,
+    hint: str | None = None,
 ) -> Prompt:
+    """The judge's prompt for a group. Attempts are shown in `presentation_order` and numbered
+    1.. in the order shown; `hint` (a reference solution) is shown to the judge, marked as such.
+    """
     unique, index_of = _dedupe(trajectories)
     plen = _common_prefix_len(unique)
     prefix = list(unique[0].messages[:plen])
@@ -125,8 +157,11 @@ def build_prompt(
     tool_sets = [t.tools for t in unique]
     shared_tools = tool_sets[0] if all(ts == tool_sets[0] for ts in tool_sets) else None
     own_tools = [None if shared_tools is not None else ts for ts in tool_sets]
-    judge_ids = [str(i + 1) for i in range(len(unique))]
     fence = _fence_nonce(unique, rubric)
+    order = presentation_order(len(unique), fence, shuffle_seed, reverse)
+    judge_ids = [""] * len(unique)  # per unique attempt: its number as shown
+    for shown, u in enumerate(order):
+        judge_ids[u] = str(shown + 1)
     system = INSTRUCTIONS.format(rubric=rubric, fence=fence)
 
     def render(cap: int | None, roles: frozenset[str] = _TOOL) -> str:
@@ -141,7 +176,14 @@ def build_prompt(
             ]
 
         return _render_user(
-            fit(prefix), [fit(t) for t in tails], shared_tools, own_tools, judge_ids, fence
+            fit(prefix),
+            [fit(t) for t in tails],
+            shared_tools,
+            own_tools,
+            judge_ids,
+            fence,
+            order,
+            hint,
         )
 
     user = render(None)

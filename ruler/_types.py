@@ -79,13 +79,28 @@ class Usage(BaseModel):
         if cost is not None:
             self.cost_usd = (self.cost_usd or 0.0) + cost
 
+    def merge(self, other: Usage) -> None:
+        """Add `other`'s tokens, calls and cost to this one."""
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.judge_calls += other.judge_calls
+        if other.cost_usd is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + other.cost_usd
+
 
 class JudgeResult(BaseModel):
-    """Scores for a group, in the order the trajectories were given, with the usage."""
+    """Scores for a group, in the order the trajectories were given, with the usage.
+
+    With two passes (`Judge(passes=2)`), each score is the mean of the passes, `passes` holds
+    each pass's scores, and `agreement` is their rank correlation (1: the same order; near 0:
+    the judge is guessing; None: a pass scored every attempt alike).
+    """
 
     scores: list[JudgeScore]
     usage: Usage = Field(default_factory=Usage)
     judge: str = ""
+    passes: list[list[float]] = Field(default_factory=list)
+    agreement: float | None = None
 
     @property
     def rewards(self) -> list[float]:

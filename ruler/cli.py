@@ -76,7 +76,10 @@ def read_groups(path: Path) -> list[tuple[int, dict[str, Any]]]:
 def _print_result(lineno: int, result: JudgeResult) -> None:
     width = max(60, min(shutil.get_terminal_size((100, 20)).columns, 140))
     id_w = max(2, *(len(s.trajectory_id) for s in result.scores))
-    print(f"line {lineno}" + ("  (cached)" if result.usage.cached else ""))
+    agreement = (
+        "" if result.agreement is None else f"  (2 passes, agreement {result.agreement:.2f})"
+    )
+    print(f"line {lineno}" + ("  (cached)" if result.usage.cached else "") + agreement)
     print(f"  {'id':<{id_w}}  score  explanation")
     for s in result.scores:
         text = textwrap.shorten(s.explanation, width=width - id_w - 12, placeholder=" …")
@@ -147,6 +150,22 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--retries", type=int, default=4, help="attempts per call on transient errors")
     s.add_argument("--no-cache", action="store_true", help="do not read or write the judge cache")
     s.add_argument("--cache", type=Path, help="cache file (default: ~/.cache/ruler/…)")
+    s.add_argument(
+        "--passes",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: judge each group again with the attempts in reverse order and average the two "
+        "(against position bias); the output's `agreement` is their rank correlation",
+    )
+    s.add_argument(
+        "--seed", type=int, default=0, help="seed of the order the attempts are shown in"
+    )
+    s.add_argument(
+        "--no-shuffle",
+        action="store_true",
+        help="show the attempts in the file's order (default: a seeded shuffle)",
+    )
     s.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -172,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         max_concurrency=args.max_concurrency,
         retry=RetryPolicy(max_attempts=max(1, args.retries)),
         cache=False if args.no_cache else (args.cache or True),
+        shuffle=not args.no_shuffle,
+        seed=args.seed,
+        passes=args.passes,
     )
     try:
         written, results = anyio.run(score_file, groups, judge, out)

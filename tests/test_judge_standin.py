@@ -47,3 +47,19 @@ async def test_the_stand_in_scores_right_answers_progress_and_nothing_apart():
         assert first == again and judge.stats["random"] == 6
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("model", ["hosted_vllm/standin", "ollama_chat/standin"])
+async def test_open_judges_served_by_vllm_or_ollama_score_through_litellm(model):
+    """The stand-in speaks vLLM's OpenAI API and Ollama's /api/chat: LiteLLM reaches both."""
+    judge = StandinJudge(ScenarioSet([TASK]), error_rate=0.0)
+    server, url = serve(judge)
+    try:
+        api_base = url.removesuffix("/v1") if model.startswith("ollama") else url
+        ruler = Judge(model, api_base=api_base, cache=False)
+        attempts = [_attempt("add", "13"), _attempt("multiply", "42")]
+        result = await ruler.score(attempts)
+        assert [s.score for s in result.scores] == [0.05, 0.95]
+        assert result.usage.total_tokens > 0 and ruler.spent.judge_calls == 1
+    finally:
+        server.shutdown()

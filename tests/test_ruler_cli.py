@@ -37,7 +37,7 @@ def test_example_file_is_valid():
 def test_score_the_example_file(judge_server, tmp_path, capsys):
     out = tmp_path / "scored.jsonl"
     args = ["score", str(EXAMPLE), "--judge", "openai/local", "--api-base", judge_server.base_url]
-    code = main([*args, "--api-key", "k", "--out", str(out), "--no-cache"])
+    code = main([*args, "--api-key", "k", "--out", str(out), "--no-cache", "--no-shuffle"])
     printed = capsys.readouterr().out
     assert code == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -48,6 +48,27 @@ def test_score_the_example_file(judge_server, tmp_path, capsys):
     assert [s["score"] for s in first["scores"]] == [1.0, 0.8, 0.6, 0.4]
     assert first["tools"] and first["usage"]["judge_calls"] == 1
     assert "direct" in printed and "1.00" in printed and "3 groups scored" in printed
+
+
+def test_a_second_pass_in_reverse_order_cancels_a_judge_that_scores_by_position(
+    judge_server, tmp_path, capsys
+):
+    """The endpoint scores attempts by where they are shown (1.0, 0.8, ...): shuffled, the
+    scores no longer follow the file's order; with two passes every attempt of a group gets
+    the same mean, and the passes' agreement (-1) shows the judge was guessing."""
+    out = tmp_path / "scored.jsonl"
+    args = ["score", str(EXAMPLE), "--judge", "openai/local", "--api-base", judge_server.base_url]
+    assert main([*args, "--api-key", "k", "--out", str(out), "--no-cache", "--seed", "3"]) == 0
+    shuffled = [[s["score"] for s in json.loads(line)["scores"]] for line in out.open()]
+    assert sorted(shuffled[0], reverse=True) == [1.0, 0.8, 0.6, 0.4]
+    assert shuffled[0] != [1.0, 0.8, 0.6, 0.4]  # seed 3 moves the first attempt
+    assert main([*args, "--api-key", "k", "--out", str(out), "--no-cache", "--passes", "2"]) == 0
+    rows = [json.loads(line) for line in out.open()]
+    first = rows[0]
+    assert [s["score"] for s in first["scores"]] == pytest.approx([0.7] * 4)
+    assert first["agreement"] == pytest.approx(-1.0)
+    assert first["usage"]["judge_calls"] == 2
+    assert "agreement -1.00" in capsys.readouterr().out
 
 
 def test_default_output_path_is_next_to_the_input(judge_server, tmp_path):

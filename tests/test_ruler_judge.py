@@ -45,6 +45,7 @@ def attempt(answer: str, tool_output: str = "42") -> list[dict]:
 
 def judge(fn: ScriptedJudge, **kwargs) -> Judge:
     kwargs.setdefault("cache", False)
+    kwargs.setdefault("shuffle", False)  # scripted replies name attempts by their place
     kwargs.setdefault("retry", RetryPolicy(initial_delay=0.001, max_delay=0.002))
     return Judge("test/judge", completion_fn=fn, **kwargs)
 
@@ -523,3 +524,73 @@ def test_the_cache_is_safe_when_many_threads_open_a_new_file_at_once(tmp_path):
         t.join(60)
     assert errors == []
     assert len(JudgeCache(path)) == 8
+
+
+# -- fairness: shuffled order, two passes, hints, spending ----------------------------------------
+
+
+def _shown_answers(request: dict) -> list[str]:
+    """The final answers of the attempts in the order the prompt shows them."""
+    text = request["messages"][1]["content"]
+    return re.findall(r'"content": "((?:The answer is|Maybe|It is|No idea)[^"]*)"', text)
+
+
+async def test_shuffled_attempts_get_their_own_scores_back_whatever_the_order():
+    answers = ["It is 41", "Maybe 40", "The answer is 42", "No idea"]
+    group = [attempt(a) for a in answers]
+    orders = set()
+    for seed in range(6):
+        fn = ScriptedJudge(by_content(correct_is_best))
+        result = await judge(fn, shuffle=True, seed=seed).score(group)
+        orders.add(tuple(_shown_answers(fn.requests[0])))
+        assert result.rewards == [0.1, 0.1, 0.9, 0.1]  # the right answer keeps its score
+        assert [s.trajectory_id for s in result.scores] == ["1", "2", "3", "4"]
+    assert len(orders) > 1  # the seeds show the attempts in different orders
+    fn = ScriptedJudge(by_content(correct_is_best))
+    await judge(fn, shuffle=True, seed=0).score(group)
+    await judge(fn, shuffle=True, seed=0).score(group)
+    assert _shown_answers(fn.requests[0]) == _shown_answers(fn.requests[1])  # seeded
+
+
+def _by_position(kwargs: dict) -> str:
+    """A judge that scores what it sees first highest (pure position bias)."""
+    ids = judge_ids(kwargs["messages"])
+    return scores_reply({tid: round(1.0 - 0.3 * n, 2) for n, tid in enumerate(ids)})
+
+
+async def test_two_passes_average_and_record_how_well_they_agree():
+    group = [attempt("It is 41"), attempt("The answer is 42"), attempt("No idea")]
+    fn = ScriptedJudge(_by_position)
+    result = await judge(fn, shuffle=True, passes=2).score(group)
+    assert fn.calls == 2
+    first, second = (_shown_answers(r) for r in fn.requests)
+    assert second == first[::-1]  # the second pass shows them in reverse
+    assert result.rewards == pytest.approx([0.7, 0.7, 0.7])  # the position bias cancels
+    assert len(result.passes) == 2 and result.agreement == pytest.approx(-1.0)
+    assert result.usage.judge_calls == 2
+    assert "pass 1:" in result.scores[0].explanation
+
+    fn = ScriptedJudge(by_content(correct_is_best))
+    result = await judge(fn, passes=2).score(group)
+    assert result.rewards == [0.1, 0.9, 0.1]
+    assert result.agreement == pytest.approx(1.0)  # a consistent judge agrees with itself
+    single = await judge(ScriptedJudge(by_content(correct_is_best))).score(group)
+    assert single.agreement is None and single.passes == [[0.1, 0.9, 0.1]]
+
+
+async def test_a_hint_is_shown_to_the_judge_marked_as_the_authors_not_the_agents():
+    fn = ScriptedJudge(by_content(correct_is_best))
+    await judge(fn).score([attempt("It is 41"), attempt("The answer is 42")], hint="answer: 42")
+    prompt = fn.requests[0]["messages"][1]["content"]
+    hint = prompt.split("<hint_", 1)[1].split("</hint_", 1)[0]
+    assert "answer: 42" in hint and "not seen by the agents" in hint
+    assert prompt.index("<hint_") < prompt.index("<trajectory_")
+    await judge(fn).score([attempt("It is 41"), attempt("The answer is 42")])
+    assert "<hint_" not in fn.requests[1]["messages"][1]["content"]
+
+
+async def test_the_judge_adds_up_what_it_spent_over_groups():
+    j = judge(ScriptedJudge(by_content(correct_is_best)), passes=2)
+    await j.score([attempt("It is 41"), attempt("The answer is 42")])
+    await j.score([attempt("No idea"), attempt("The answer is 42")])
+    assert j.spent.judge_calls == 4

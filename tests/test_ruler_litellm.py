@@ -28,6 +28,7 @@ async def test_litellm_mock_response_path_gives_scores_usage_and_cost():
         judge="openai/gpt-4o-mini",
         extra_params={"mock_response": reply},
         cache=False,
+        shuffle=False,  # the scripted reply names the attempts by their place
     )
     assert result.rewards == [0.95, 0.05]
     assert result.usage.judge_calls == 1 and result.usage.total_tokens > 0
@@ -142,3 +143,25 @@ async def test_a_failing_endpoint_is_tried_exactly_as_often_as_the_retry_policy_
             with pytest.raises(JudgeAPIError, match="after 3 attempts"):
                 await judge.score([attempt("42"), attempt("41")])
     assert len(server.requests) == 6  # 3 per group, not 3 × the libraries' retries
+
+
+def test_the_prompt_budget_follows_the_judges_context_window_where_litellm_knows_it():
+    assert Judge("ollama_chat/llama3").max_prompt_chars == int(8192 * 0.8 * 3)
+    assert Judge("ollama/llama2").max_prompt_chars == int(4096 * 0.8 * 3)
+    assert Judge("hosted_vllm/my-own-model").max_prompt_chars == 120_000  # unknown: the default
+    assert Judge("openai/gpt-4.1-mini").max_prompt_chars == 120_000  # larger: capped
+    assert Judge("ollama/llama3", max_prompt_chars=5000).max_prompt_chars == 5000
+
+
+async def test_a_price_given_for_an_unpriced_judge_counts_its_cost():
+    reply = scores_reply({"1": 0.9, "2": 0.1})
+    result = await score_group(
+        [attempt("42"), attempt("41")],
+        judge="openai/my-local-judge",
+        extra_params={"mock_response": reply},
+        cache=False,
+        price=(1.0, 4.0),
+    )
+    usage = result.usage
+    expected = (usage.prompt_tokens * 1.0 + usage.completion_tokens * 4.0) / 1e6
+    assert usage.total_tokens > 0 and usage.cost_usd == pytest.approx(expected)

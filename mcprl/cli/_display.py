@@ -12,6 +12,14 @@ from mcprl.cli._options import flags_for
 from mcprl.mcp import ServerInfo
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
+EXIT_BUDGET = 3  # the run stopped before its last step to keep the judge within --judge-budget
+
+
+def exit_code(summary: Any) -> int:
+    """What `mcprl train` and `autorl` exit with: 0 when the run reached its end."""
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_BUDGET if summary.stopped else 0
 
 
 def say(text: str) -> None:
@@ -81,7 +89,7 @@ def _duration(seconds: float) -> str:
 
 def print_summary(summary: Any, again: str) -> None:
     done = summary.last_step - summary.first_step
-    state = "stopped early" if summary.interrupted else "done"
+    state = "stopped early" if summary.interrupted or summary.stopped else "done"
     print(
         f"\n{summary.project}/{summary.name}: {state} at step {summary.last_step} of "
         f"{summary.target_steps} ({done} step{'' if done == 1 else 's'} this run); "
@@ -126,10 +134,16 @@ def print_summary(summary: Any, again: str) -> None:
         where = ", ".join(f"step {k}: {v}" for k, v in sorted(summary.groups_dropped.items()))
         print(f"  the judge failed on {lost} group{'' if lost == 1 else 's'} ({where}); "
               "they were not trained on")  # fmt: skip
+    if summary.judge_spent:
+        spent = summary.judge_spent
+        cost = f", ${spent['cost_usd']:.4f}" if "cost_usd" in spent else " (price unknown)"
+        print(f"  judge: {spent['tokens']:,.0f} tokens{cost}")
+    if summary.stopped:
+        print(f"  stopped: {summary.stopped}")
     if summary.times:
         print("  time: " + ", ".join(f"{k} {_duration(v)}" for k, v in summary.times.items()))
     print(f"  checkpoints: {summary.run_dir}/checkpoints")
     if summary.report:
         print(f"  report: {summary.report}")
     if summary.interrupted or summary.last_step < summary.target_steps:
-        print(f"  resume: {again}")
+        print(f"  resume: {again}" + (" (with a higher --judge-budget)" if summary.stopped else ""))

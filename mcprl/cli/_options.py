@@ -129,6 +129,32 @@ RUN = [
         "$MCPRL_JUDGE, a provider key's model, else the local base model",
     ),
     Setting("--judge-api-base", "judge_api_base", "OpenAI-compatible base URL for the judge", ""),
+    Setting(
+        "--judge-passes",
+        "judge_passes",
+        "2: judge each group again, its attempts in reverse order, and average the two "
+        "(against position bias; their agreement goes to the history)",
+    ),
+    Setting(
+        "--judge-hint",
+        "judge_hint",
+        "show the judge each scenario's reference, marked as a hint, where it has one",
+        const=True,
+    ),
+    Setting(
+        "--judge-budget",
+        "judge_budget",
+        "USD: stop before the judge spends more (the last step is saved; rerun to go on)",
+        "none",
+        metavar="USD",
+    ),
+    Setting(
+        "--judge-price",
+        "judge_price",
+        "USD per million prompt and completion tokens, for a judge LiteLLM has no price for",
+        "LiteLLM's price list",
+        metavar="IN,OUT",
+    ),
     Setting("--lr", "train.learning_rate", "learning rate", group=TRAINING),
     Setting(
         "--lr-schedule",

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import anyio
 
 from mcprl._defaults import configured_llm
-from mcprl.cli._display import EXIT_INTERRUPTED, print_summary, say, stop_message
+from mcprl.cli._display import exit_code, print_summary, say, stop_message
 from mcprl.cli._machine import open_backend
 from mcprl.cli._options import run_config
 from mcprl.mcp import ServerInfo
@@ -100,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         )  # fmt: skip
         summary = _train_with_ctrl_c(run, lambda: run.prepare(args.scenarios, make_scenarios=make))
     print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-    return EXIT_INTERRUPTED if summary.interrupted else 0
+    return exit_code(summary)
 
 
 def cmd_autorl(args: argparse.Namespace) -> int:
@@ -122,4 +122,4 @@ def cmd_autorl(args: argparse.Namespace) -> int:
         prepare = partial(prepare_autorl, run, args.task, n=args.n, generator=generator)
         summary = _train_with_ctrl_c(run, prepare)
     print_summary(summary, "mcprl " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
-    return EXIT_INTERRUPTED if summary.interrupted else 0
+    return exit_code(summary)
