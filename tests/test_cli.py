@@ -164,7 +164,7 @@ def test_a_logged_phase_writes_a_line_when_it_starts_and_one_when_it_ends(capsys
 _NOT_RUN_SETTINGS = {
     "-h", "--header", "--scenarios", "-n", "--generator", "--allow-writes", "--path", "--quick",
     "--dtype", "--device", "--threads", "--backend", "--api-key", "--vllm-url", "--vllm-sleep",
-    "--trainer", "-q",
+    "--trainer", "-q", "--oauth-client-id", "--oauth-scope", "--oauth-issuer",
 }  # fmt: skip
 
 
@@ -184,7 +184,9 @@ def _values(action) -> list[list[str]]:
     if action.choices:
         return [[c] for c in action.choices]
     if action.type is int:
-        return [["3"], ["1"]]
+        return [["3"], ["1"], ["2"]]
+    if action.metavar == "IN,OUT":
+        return [["0.5,2"]]
     if action.type is float:
         return [["0.37"], ["1.5"], ["2"]]
     return [["some-value"]]

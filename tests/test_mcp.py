@@ -359,7 +359,8 @@ def test_a_header_on_the_command_line_reaches_a_server_that_wants_a_token(tmp_pa
         assert main(["tools", url, "--timeout", "10"]) == 1
         err = capsys.readouterr().err
         assert "it refused a request without credentials (HTTP 401 Unauthorized)" in err
-        assert "send its token as a header (--header, e.g. 'Authorization: Bearer TOKEN')" in err
+        assert "send its token as a header (--header, e.g. 'Authorization: Bearer TOKEN'" in err
+        assert "mcprl login" in err and "--oauth-client-id" in err
         assert main(["tools", url, "--header", "Authorization Bearer x"]) == 1
         assert "write it as 'Name: value'" in capsys.readouterr().err
     finally:

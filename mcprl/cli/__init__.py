@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         root.setLevel(logging.INFO if args.verbose else logging.WARNING)
     # The MCP SDK logs each unparsable stdout line with a traceback; mcprl reports it itself.
     logging.getLogger("mcp.client.stdio").setLevel(logging.CRITICAL)
+    # ... and each failed OAuth flow with a traceback; mcprl says what failed and the fix
+    logging.getLogger("mcp.client.auth").setLevel(logging.CRITICAL)
     try:
-        if getattr(args, "header", None):  # the server, with the headers to send it
+        if hasattr(args, "header"):  # the server, with the headers and OAuth client to use
             args.server = server_of(args)
         return args.func(args)
     except (MCPRLError, RulerError, OSError) as exc:  # the error tree: one line

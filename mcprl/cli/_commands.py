@@ -20,6 +20,31 @@ from mcprl.mcp import inspect_server
 from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_with_notes, reword_tasks
 
 
+def cmd_login(args: argparse.Namespace) -> int:
+    from mcprl.mcp._auth import login
+
+    options = {"scope": args.scope, "open_browser": not args.no_browser, "port": args.port,
+               "timeout": args.timeout}  # fmt: skip
+    anyio.run(lambda: login(args.server, **options))
+    return 0
+
+
+def cmd_logout(args: argparse.Namespace) -> int:
+    from mcprl.mcp import ServerSpec
+    from mcprl.mcp._auth import TokenFile
+
+    spec = ServerSpec.parse(args.server)
+    if spec.url is None:
+        raise UsageError(f"{spec.describe()} runs as a command: only servers at a URL log in")
+    stored = TokenFile(spec.url)
+    if not stored.path.exists():
+        print(f"no login kept for {spec.url}")
+        return 0
+    stored.path.unlink()
+    print(f"forgot the login for {spec.url} ({stored.path})")
+    return 0
+
+
 def cmd_tools(args: argparse.Namespace) -> int:
     info = anyio.run(lambda: inspect_server(args.server, startup_timeout=args.timeout))
     if args.json:

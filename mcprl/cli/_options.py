@@ -368,16 +368,33 @@ def headers(values: list[str] | None) -> dict[str, str]:
 
 
 def server_of(args: argparse.Namespace) -> Any:
-    """The server the command names, with the headers its `--header` flags add."""
+    """The server the command names, with the headers its `--header` flags add and the OAuth
+    client its `--oauth-client-id` names (the secret from the environment)."""
+    import os
+
     from mcprl.mcp import ServerSpec
+    from mcprl.mcp._auth import SECRET_ENV, OAuthClient
 
     server = getattr(args, "server", None)
     extra = headers(getattr(args, "header", None))
-    if not extra:
+    client_id = getattr(args, "oauth_client_id", None)
+    if not client_id and (
+        getattr(args, "oauth_scope", None) or getattr(args, "oauth_issuer", None)
+    ):
+        raise UsageError("--oauth-scope and --oauth-issuer go with --oauth-client-id")
+    if not extra and not client_id:
         return server
     if server is None:
-        raise UsageError("--header goes with a server reached by URL: give --server URL")
-    return ServerSpec.parse(server).with_headers(extra)
+        raise UsageError("--header and --oauth-client-id go with a server reached by URL: give "
+                         "--server URL")  # fmt: skip
+    client = None
+    if client_id:
+        secret = os.environ.get(SECRET_ENV)
+        if not secret:
+            raise UsageError(f"--oauth-client-id {client_id}: set its secret in ${SECRET_ENV}")
+        client = OAuthClient(client_id=client_id, client_secret=secret,
+                             scope=args.oauth_scope, issuer=args.oauth_issuer)  # fmt: skip
+    return ServerSpec.parse(server).with_headers(extra).with_oauth(client)
 
 
 def run_config(args: argparse.Namespace, **overrides: Any) -> RunConfig:
@@ -403,6 +420,8 @@ def rollout_config(args: argparse.Namespace) -> RolloutConfig:
 _OTHER_FLAGS = {
     "scenarios": "--scenarios",
     "headers": "--header",
+    "oauth_client_id": "--oauth-client-id",
+    "oauth_scope": "--oauth-scope",
     "trainer": "--trainer",
     "backend": "--backend",
     "api_key": "--api-key",

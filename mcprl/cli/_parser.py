@@ -7,7 +7,7 @@ import difflib
 from typing import Any
 
 from mcprl import __version__
-from mcprl.cli._commands import cmd_scenarios, cmd_serve, cmd_tools
+from mcprl.cli._commands import cmd_login, cmd_logout, cmd_scenarios, cmd_serve, cmd_tools
 from mcprl.cli._eval import cmd_eval, cmd_report
 from mcprl.cli._machine import DTYPES, add_backend_flags, add_device_flags
 from mcprl.cli._options import FLAG_OF, QUICK, ROLLOUT, RUN, add_settings
@@ -21,7 +21,7 @@ SERVER_HELP = (
 )
 
 
-def _add_header(p: argparse.ArgumentParser) -> None:
+def _add_server_auth(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--header",
         action="append",
@@ -29,6 +29,19 @@ def _add_header(p: argparse.ArgumentParser) -> None:
         help="an HTTP header for a server reached by URL, e.g. 'Authorization: Bearer TOKEN' "
         "(repeatable; kept out of logs and run records; a flag is visible in `ps`: an MCP "
         "config file with ${VAR} keeps the token in the environment)",
+    )
+    p.add_argument(
+        "--oauth-client-id",
+        metavar="ID",
+        help="authorize with OAuth client credentials as this client of the server's "
+        "authorization server; the secret comes from $MCPRL_OAUTH_CLIENT_SECRET (without it: "
+        "the tokens of `mcprl login URL`, if any)",
+    )
+    p.add_argument("--oauth-scope", metavar="SCOPES", help="OAuth scopes to ask for")
+    p.add_argument(
+        "--oauth-issuer",
+        metavar="URL",
+        help="the authorization server the client belongs to (its credentials go nowhere else)",
     )
 
 
@@ -96,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mcprl",
         description="Train open models to use any MCP server's tools. "
         "For judging groups of trajectories, see the `ruler` command.",
-        epilog="exit codes: 0 done, 1 error, 2 usage error, 130 stopped by Ctrl-C (resumable)",
+        epilog="exit codes: 0 done, 1 error, 2 usage error, 3 stopped by --judge-budget, 130 "
+        "stopped by Ctrl-C (both resumable)",
     )
     p.add_argument("--version", action="version", version=f"mcprl {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log what happens")
@@ -104,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tools", help="list a server's tools and resources")
     t.add_argument("server", help=SERVER_HELP)
-    _add_header(t)
+    _add_server_auth(t)
     t.add_argument("--json", action="store_true", help="print JSON for machines")
     t.add_argument(
         "--timeout", type=float, default=30.0, help="start-up time-out in seconds (default 30)"
@@ -113,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("scenarios", help="write practice tasks for a server's tools")
     s.add_argument("server", help=SERVER_HELP)
-    _add_header(s)
+    _add_server_auth(s)
     s.add_argument("-n", type=int, default=24, help="how many scenarios (default 24)")
     s.add_argument("-o", "--output", required=True, help="JSONL file to write")
     s.add_argument(
@@ -148,9 +162,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(func=cmd_scenarios)
 
+    li = sub.add_parser(
+        "login",
+        help="log in to a server's OAuth authorization server and keep the tokens",
+        description="Log in with the OAuth authorization-code flow (PKCE): your browser opens "
+        "the server's login page and the redirect comes back to 127.0.0.1. The tokens are kept "
+        "(mode 0600) under $MCPRL_CONFIG_DIR, $XDG_CONFIG_HOME/mcprl or ~/.config/mcprl, and "
+        "every later command for the URL sends and refreshes them.",
+    )
+    li.add_argument("server", help="the server's URL")
+    li.add_argument("--scope", help="OAuth scopes to ask for (default: what the server names)")
+    li.add_argument(
+        "--no-browser", action="store_true", help="print the login URL instead of opening it"
+    )
+    li.add_argument(
+        "--port", type=int, default=0, help="loopback port for the redirect (default: any free)"
+    )
+    li.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the login (default 300)"
+    )
+    li.set_defaults(func=cmd_login)
+
+    lo = sub.add_parser("logout", help="forget the tokens `mcprl login` kept for a server")
+    lo.add_argument("server", help="the server's URL")
+    lo.set_defaults(func=cmd_logout)
+
     tr = sub.add_parser("train", help="train a model to use a server's tools (resumes a run)")
     tr.add_argument("server", help=SERVER_HELP)
-    _add_header(tr)
+    _add_server_auth(tr)
     tr.add_argument(
         "--scenarios",
         help="JSONL scenario file (default: the run's, the curated "
@@ -170,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     au = sub.add_parser("autorl", help="train from nothing but a task description")
     au.add_argument("task", help="what the model should learn to do, in words")
     au.add_argument("--server", help="optional: " + SERVER_HELP)
-    _add_header(au)
+    _add_server_auth(au)
     au.add_argument("-n", type=int, default=24, help="inputs to write (default 24)")
     au.add_argument(
         "--generator",
@@ -182,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate models side by side on a scenario set")
     ev.add_argument("server", help=SERVER_HELP)
-    _add_header(ev)
+    _add_server_auth(ev)
     ev.add_argument(
         "--model",
         dest="models",

@@ -24,9 +24,11 @@ import anyio
 import httpx2
 from mcp import Client, MCPError, StdioServerParameters
 from mcp import types as mcp_types
+from mcp.client.auth import OAuthFlowError, OAuthRegistrationError, OAuthTokenError
 from mcp.client.stdio import stdio_client
 
-from mcprl.errors import MCPConnectionError, MCPServerError, MCPServerStartError
+from mcprl.errors import MCPConnectionError, MCPRLError, MCPServerError, MCPServerStartError
+from mcprl.mcp._auth import http_auth, login_command
 from mcprl.mcp._results import ResultsAs, ToolResult, tool_result
 from mcprl.mcp._spec import ServerSpec
 
@@ -167,13 +169,16 @@ async def open_session(
     call_timeout: float = 60.0,
     max_result_chars: int = 20_000,
     mode: ConnectMode = "legacy",
+    auth: httpx2.Auth | None = None,
 ) -> AsyncIterator[MCPSession]:
     """Open a session with a server: a spec string, a `ServerSpec`, or (in-process) a server
-    object such as an `MCPServer`."""
+    object such as an `MCPServer`. A server reached by URL is authorized by `auth` where given,
+    else as `mcprl.mcp._auth.http_auth` decides (OAuth client credentials, or a stored login).
+    """
     refused: list[int] = []
     if isinstance(server, (str, ServerSpec)):
         spec = ServerSpec.parse(server)
-        target: Any = _target(spec, refused)
+        target: Any = _target(spec, refused, auth)
     else:  # an in-process server object
         spec = ServerSpec(transport="stdio", name=getattr(server, "name", "in-process"))
         target = server
@@ -209,17 +214,18 @@ async def open_session(
             raise _unwrap(group) from None
 
 
-def _target(spec: ServerSpec, refused: list[int]) -> Any:
+def _target(spec: ServerSpec, refused: list[int], auth: httpx2.Auth | None = None) -> Any:
     """What the SDK's client connects to; `refused` collects the HTTP statuses (401, 403) of
     requests the server turned away for want of credentials, which the SDK does not report."""
     if spec.transport == "stdio":
         return StdioServerParameters(
             command=spec.command[0], args=list(spec.command[1:]), env=spec.env, cwd=spec.cwd
         )
+    auth = auth if auth is not None else http_auth(spec)
     if spec.transport == "sse":
         from mcp.client.sse import sse_client
 
-        return sse_client(spec.url, headers=spec.headers)
+        return sse_client(spec.url, headers=spec.headers, auth=auth)
     from mcp.client.streamable_http import streamable_http_client
 
     async def note_refusal(response: httpx2.Response) -> None:
@@ -231,6 +237,7 @@ def _target(spec: ServerSpec, refused: list[int]) -> Any:
         headers=spec.headers,
         timeout=httpx2.Timeout(30.0, read=300.0),
         event_hooks={"response": [note_refusal]},
+        auth=auth,
     )
     return streamable_http_client(spec.url, http_client=client)
 
@@ -305,14 +312,23 @@ def _start_error(
 ) -> MCPServerStartError:
     leaf = _leaves(exc)[0]
     where = f"MCP server {spec.describe()}"
-    if refused:
+    if isinstance(leaf, (OAuthFlowError, OAuthTokenError, OAuthRegistrationError)):
+        cause = (
+            f"its OAuth authorization failed: {leaf}. Check `oauth_client_id`, its secret and "
+            f"`oauth_scope`, or log in: `{login_command(spec.url)}`"
+        )
+    elif isinstance(leaf, MCPRLError):
+        cause = str(leaf)
+    elif refused:
         status = refused[-1]
         said = "Unauthorized" if status == 401 else "Forbidden"
         given = "the credentials sent" if spec.headers else "a request without credentials"
         cause = (
-            f"it refused {given} (HTTP {status} {said}) at {spec.url}; send its token as a "
-            "header (`headers`, e.g. 'Authorization: Bearer TOKEN'), or put it in an MCP config "
-            'file\'s "headers" with ${VAR} for the secret'
+            f"it refused {given} (HTTP {status} {said}) at {spec.url}; log in "
+            f"(`{login_command(spec.url)}`), give an OAuth client (`oauth_client_id`, its "
+            "secret in $MCPRL_OAUTH_CLIENT_SECRET), or send its token as a header "
+            "(`headers`, e.g. 'Authorization: Bearer TOKEN'; in an MCP config file's "
+            '"headers", ${VAR} keeps the secret in the environment)'
         )
     elif junk:
         cause = (

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field
 
 from mcprl.errors import ServerSpecError
+from mcprl.mcp._auth import OAuthClient
 
 __all__ = ["EXAMPLE_SERVERS", "ServerSpec", "example_server_path", "load_mcp_config"]
 
@@ -42,6 +43,9 @@ class ServerSpec(BaseModel):
     cwd: str | None = None
     url: str | None = None
     headers: dict[str, str] | None = None
+    oauth: OAuthClient | None = Field(
+        default=None, description="a client of the server's authorization server (OAuth)"
+    )
 
     def __repr_args__(self) -> Any:
         # header and environment values are often secrets (tokens, API keys): never shown
@@ -49,6 +53,16 @@ class ServerSpec(BaseModel):
             if key in ("headers", "env") and value:
                 value = {k: "***" for k in value}
             yield key, value
+
+    def with_oauth(self, client: OAuthClient | None) -> ServerSpec:
+        """This spec authorizing as `client` (the client-credentials grant)."""
+        if client is None:
+            return self
+        if self.transport == "stdio":
+            raise ServerSpecError(
+                f"OAuth is for a server reached by URL, and {self.describe()} runs as a command"
+            )
+        return self.model_copy(update={"oauth": client})
 
     def with_headers(self, headers: dict[str, str]) -> ServerSpec:
         """This spec with `headers` added to those it has (sent with every HTTP request)."""
