@@ -19,8 +19,7 @@ import httpx2
 import pytest
 
 from mcprl.cli import main
-from mcprl.mcp import ServerSpec, open_session
-from mcprl.mcp._auth import OAuthClient, TokenFile
+from mcprl.mcp import OAuthClient, ServerSpec, TokenFile, open_session
 from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
 from tests.fakes import FakeBackend

@@ -21,7 +21,7 @@ from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_with_notes
 
 
 def cmd_login(args: argparse.Namespace) -> int:
-    from mcprl.mcp._auth import login
+    from mcprl.mcp import login
 
     options = {"scope": args.scope, "open_browser": not args.no_browser, "port": args.port,
                "timeout": args.timeout}  # fmt: skip
@@ -30,8 +30,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 
 def cmd_logout(args: argparse.Namespace) -> int:
-    from mcprl.mcp import ServerSpec
-    from mcprl.mcp._auth import TokenFile
+    from mcprl.mcp import ServerSpec, TokenFile
 
     spec = ServerSpec.parse(args.server)
     if spec.url is None:

@@ -372,8 +372,7 @@ def server_of(args: argparse.Namespace) -> Any:
     client its `--oauth-client-id` names (the secret from the environment)."""
     import os
 
-    from mcprl.mcp import ServerSpec
-    from mcprl.mcp._auth import SECRET_ENV, OAuthClient
+    from mcprl.mcp import SECRET_ENV, OAuthClient, ServerSpec
 
     server = getattr(args, "server", None)
     extra = headers(getattr(args, "header", None))

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from mcprl.mcp._auth import SECRET_ENV, TokenFile, config_dir
 from mcprl.mcp._inspect import (
     PromptInfo,
     ResourceInfo,
@@ -14,24 +15,36 @@ from mcprl.mcp._inspect import (
     openai_tools,
     tool_annotations,
 )
+from mcprl.mcp._login import login
 from mcprl.mcp._results import ResultsAs, ToolResult
 from mcprl.mcp._safety import looks_like_error, name_words, tool_access, writing_tools
 from mcprl.mcp._session import MCPSession, open_session
-from mcprl.mcp._spec import EXAMPLE_SERVERS, ServerSpec, example_server_path, load_mcp_config
+from mcprl.mcp._spec import (
+    EXAMPLE_SERVERS,
+    OAuthClient,
+    ServerSpec,
+    example_server_path,
+    load_mcp_config,
+)
 
 __all__ = [
     "EXAMPLE_SERVERS",
+    "SECRET_ENV",
     "MCPSession",
+    "OAuthClient",
     "PromptInfo",
     "ResourceInfo",
     "ResultsAs",
     "ServerInfo",
     "ServerSpec",
+    "TokenFile",
     "ToolInfo",
     "ToolResult",
+    "config_dir",
     "example_server_path",
     "inspect_server",
     "load_mcp_config",
+    "login",
     "looks_like_error",
     "name_words",
     "open_session",

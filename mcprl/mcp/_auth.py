@@ -9,9 +9,7 @@ what a command-line tool needs around it:
   directory (`$MCPRL_CONFIG_DIR`, else `$XDG_CONFIG_HOME/mcprl`, else `~/.config/mcprl`), in
   `tokens/`, mode 0600. It keeps when the access token expires, so a later run refreshes a
   stale token before its first request instead of failing on it.
-- `login(url)`: the interactive authorization-code flow (`mcprl login URL`). The browser opens
-  the authorization page (or the URL is printed where there is none), and a loopback server on
-  127.0.0.1 receives the redirect.
+- `login(url)` (in `_login`): the interactive authorization-code flow (`mcprl login URL`).
 - `http_auth(spec)`: what a session sends. With `ServerSpec.oauth` (a client ID and secret,
   `--oauth-client-id` with the secret in `$MCPRL_OAUTH_CLIENT_SECRET`), the client-credentials
   grant for headless training runs (its tokens stay in memory, and a token that expires is
@@ -21,59 +19,30 @@ what a command-line tool needs around it:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
 import time
 import warnings
-import webbrowser
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import urlparse
 
-import anyio
 import httpx2
 from mcp.client.auth import OAuthClientProvider
 from mcp.shared.auth import (
-    AuthorizationCodeResult,
     OAuthClientInformationFull,
     OAuthClientMetadata,
     OAuthToken,
 )
-from pydantic import BaseModel, ConfigDict
 
 from mcprl.errors import ServerSpecError
 
-__all__ = [
-    "SECRET_ENV",
-    "OAuthClient",
-    "TokenFile",
-    "config_dir",
-    "http_auth",
-    "login",
-    "login_command",
-]
+__all__ = ["SECRET_ENV", "TokenFile", "config_dir", "http_auth", "login_command"]
 
 #: where `--oauth-client-id` takes its secret from (a flag would show in `ps` and shell history)
 SECRET_ENV = "MCPRL_OAUTH_CLIENT_SECRET"
-
-
-class OAuthClient(BaseModel):
-    """A client registered with the server's authorization server (client credentials)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    client_id: str
-    client_secret: str | None = None
-    scope: str | None = None
-    issuer: str | None = None
-
-    def __repr_args__(self) -> Any:
-        for key, value in super().__repr_args__():
-            yield key, ("***" if key == "client_secret" and value else value)
 
 
 def config_dir() -> Path:
@@ -214,120 +183,3 @@ def http_auth(spec: Any) -> httpx2.Auth | None:
     if storage.read().get("tokens"):
         return _StoredLogin(spec.url, storage)
     return None
-
-
-async def login(
-    url: str,
-    *,
-    scope: str | None = None,
-    open_browser: bool = True,
-    port: int = 0,
-    say: Callable[[str], None] = print,
-    timeout: float = 300.0,
-) -> TokenFile:
-    """Log in to the server at `url` with the authorization-code flow (PKCE), and store the
-    tokens (`TokenFile`). The user approves in a browser; the redirect comes back to a loopback
-    server on 127.0.0.1 (`port`, 0 for any free one)."""
-    from mcprl.mcp._session import open_session
-    from mcprl.mcp._spec import ServerSpec
-
-    spec = ServerSpec.parse(url)
-    if spec.url is None:
-        raise ServerSpecError(f"{spec.describe()} runs as a command: only servers at a URL log in")
-    storage = TokenFile(spec.url)
-    async with _Loopback(port) as loopback:
-        metadata = OAuthClientMetadata(
-            client_name="mcprl",
-            redirect_uris=[loopback.redirect_uri],
-            grant_types=["authorization_code", "refresh_token"],
-            response_types=["code"],
-            token_endpoint_auth_method="none",
-            scope=scope,
-        )
-
-        async def redirect(authorization_url: str) -> None:
-            opened = open_browser and _open(authorization_url)
-            say(
-                ("Opened your browser to log in. If it did not open, visit:\n  " if opened
-                 else "Open this URL in a browser to log in:\n  ") + authorization_url
-            )  # fmt: skip
-
-        async def callback() -> AuthorizationCodeResult:
-            with anyio.fail_after(timeout):
-                return await loopback.result()
-
-        provider = OAuthClientProvider(spec.url, metadata, storage, redirect, callback)
-        session_spec = spec.model_copy(update={"oauth": None})
-        async with open_session(session_spec, auth=provider) as session:
-            tools = await session.list_tools()
-    say(f"Logged in to {spec.url} ({len(tools)} tools); tokens in {storage.path}")
-    return storage
-
-
-def _open(url: str) -> bool:
-    with contextlib.suppress(Exception):
-        return webbrowser.open(url)
-    return False
-
-
-class _Loopback:
-    """A one-shot HTTP server on 127.0.0.1 that receives the authorization redirect."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self._got: dict[str, str] = {}
-        self._ready = anyio.Event()
-
-    @property
-    def redirect_uri(self) -> str:
-        return f"http://127.0.0.1:{self.port}/callback"
-
-    async def __aenter__(self) -> _Loopback:
-        self._listener = await anyio.create_tcp_listener(
-            local_host="127.0.0.1", local_port=self.port
-        )
-        self.port = self._listener.extra(anyio.abc.SocketAttribute.local_port)
-        self._group = anyio.create_task_group()
-        await self._group.__aenter__()
-        self._group.start_soon(self._listener.serve, self._handle)
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self._group.cancel_scope.cancel()
-        await self._group.__aexit__(*exc)
-        await self._listener.aclose()
-
-    async def _handle(self, stream: Any) -> None:
-        async with stream:
-            request = b""
-            with anyio.move_on_after(10):
-                while b"\r\n\r\n" not in request and len(request) < 65536:
-                    request += await stream.receive()
-            line = request.split(b"\r\n", 1)[0].decode("latin-1")
-            target = line.split(" ")[1] if line.count(" ") >= 2 else "/"
-            query = {k: v[0] for k, v in parse_qs(urlparse(target).query).items()}
-            if "code" in query or "error" in query:
-                self._got = query
-                self._ready.set()
-                text = (
-                    "mcprl: logged in; you can close this window."
-                    if "code" in query
-                    else (f"mcprl: the login failed: {query.get('error')}")
-                )
-            else:
-                text = "mcprl: waiting for the authorization redirect."
-            body = text.encode()
-            await stream.send(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
-                + body
-            )
-
-    async def result(self) -> AuthorizationCodeResult:
-        await self._ready.wait()
-        if "code" not in self._got:
-            error = self._got.get("error_description") or self._got.get("error")
-            raise ServerSpecError(f"the authorization server refused the login: {error}")
-        return AuthorizationCodeResult(
-            code=self._got["code"], state=self._got.get("state"), iss=self._got.get("iss")
-        )

@@ -23,12 +23,32 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field
 
 from mcprl.errors import ServerSpecError
-from mcprl.mcp._auth import OAuthClient
 
-__all__ = ["EXAMPLE_SERVERS", "ServerSpec", "example_server_path", "load_mcp_config"]
+__all__ = [
+    "EXAMPLE_SERVERS",
+    "OAuthClient",
+    "ServerSpec",
+    "example_server_path",
+    "load_mcp_config",
+]
 
 EXAMPLE_SERVERS = ("calculator", "notes", "catalog")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+class OAuthClient(BaseModel):
+    """A client registered with the server's authorization server (client credentials)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    client_id: str
+    client_secret: str | None = None
+    scope: str | None = None
+    issuer: str | None = None
+
+    def __repr_args__(self) -> Any:
+        for key, value in super().__repr_args__():
+            yield key, ("***" if key == "client_secret" and value else value)
 
 
 class ServerSpec(BaseModel):
