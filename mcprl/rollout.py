@@ -47,7 +47,16 @@ from pydantic import BaseModel, Field
 
 from mcprl.errors import PreflightError, UsageError
 from mcprl.gather import note_turn
-from mcprl.mcp import MCPSession, ResultsAs, ToolInfo, open_session, openai_tools
+from mcprl.mcp import (
+    ElicitationPolicy,
+    Elicitations,
+    MCPSession,
+    ResultsAs,
+    ToolInfo,
+    describe_elicitation,
+    open_session,
+    openai_tools,
+)
 from mcprl.policy import Policy, policy_client
 from mcprl.scenarios import Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
@@ -163,6 +172,12 @@ class RolloutConfig(BaseModel):
         "answer guessed before looking). Sent as OpenAI's allowed_tools tool_choice, so the "
         "prompt still lists every tool; turn it off for an endpoint that rejects that",
     )
+    elicitation: ElicitationPolicy = Field(
+        default="decline",
+        description="how a server's questions to the user (MCP elicitation) are answered: "
+        "decline, or accept-defaults (the defaults its schema declares); a scenario's own "
+        "scripted answers come first (Scenario.elicitation)",
+    )
     first_tool: str | None = Field(
         default=None,
         description="the tool the first turn must call (a named tool choice); the training "
@@ -223,10 +238,14 @@ async def rollout(
     started = time.perf_counter()
     traj = Trajectory(metadata={"scenario_id": scenario.id, "model": served})
     metrics = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "completed": 0, "ran_out_of_turns": 0}
-    if isinstance(server, MCPSession):  # shared by the attempts of a collection
-        opened: Any = contextlib.nullcontext(server)
-    else:
-        opened = open_session(server, max_result_chars=config.max_result_chars)
+    if isinstance(server, MCPSession) and not scenario.elicitation:
+        opened: Any = contextlib.nullcontext(server)  # shared by the attempts of a collection
+    else:  # a session of its own (where the scenario scripts answers to the server's questions)
+        opened = open_session(
+            server.spec if isinstance(server, MCPSession) else server,
+            max_result_chars=config.max_result_chars,
+            elicitation=Elicitations(config.elicitation, scenario.elicitation),
+        )
     async with opened as session:
         mcp_tools = [
             ToolInfo(
@@ -289,6 +308,14 @@ async def rollout(
                             name, args, timeout=config.tool_timeout, results_as=config.results_as
                         )
                         text, error = result.text, (result.text if result.is_error else None)
+                        if result.elicitations:  # the server asked the user meanwhile
+                            text += "\n" + "\n".join(map(describe_elicitation, result.elicitations))
+                            traj.metadata.setdefault("elicitations", []).extend(
+                                {"tool": name, **e} for e in result.elicitations
+                            )
+                            metrics["elicitations"] = metrics.get("elicitations", 0) + len(
+                                result.elicitations
+                            )
                     else:
                         text = error
                 if error is not None:

@@ -80,6 +80,12 @@ ROLLOUT = [
         const="never",
     ),
     Setting(
+        "--elicitation",
+        "elicitation",
+        "how a server's questions to the user are answered: decline, or accept-defaults (the "
+        "defaults its schema declares); a scenario's scripted answers come first",
+    ),
+    Setting(
         "--results-as",
         "results_as",
         "a tool result that comes as structured content and as text saying the same is "

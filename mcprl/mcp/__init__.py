@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 from mcprl.mcp._auth import SECRET_ENV, TokenFile, config_dir
+from mcprl.mcp._elicit import ElicitationPolicy, Elicitations
+from mcprl.mcp._elicit import describe as describe_elicitation
 from mcprl.mcp._inspect import (
     PromptInfo,
     ResourceInfo,
@@ -30,6 +32,8 @@ from mcprl.mcp._spec import (
 __all__ = [
     "EXAMPLE_SERVERS",
     "SECRET_ENV",
+    "ElicitationPolicy",
+    "Elicitations",
     "MCPSession",
     "OAuthClient",
     "PromptInfo",
@@ -41,6 +45,7 @@ __all__ = [
     "ToolInfo",
     "ToolResult",
     "config_dir",
+    "describe_elicitation",
     "example_server_path",
     "inspect_server",
     "load_mcp_config",

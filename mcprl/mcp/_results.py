@@ -9,7 +9,7 @@ longer than the limit are cut with a visible marker. An error result is prefixed
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = ["ResultsAs", "ToolResult", "tool_result", "truncate"]
@@ -25,6 +25,7 @@ class ToolResult:
     is_error: bool = False
     structured: Any = None
     truncated: bool = False
+    elicitations: list[dict[str, Any]] = field(default_factory=list)  # asked during the call
 
 
 def _size(data: str | None) -> str:

@@ -29,6 +29,7 @@ from mcp.client.stdio import stdio_client
 
 from mcprl.errors import MCPConnectionError, MCPRLError, MCPServerError, MCPServerStartError
 from mcprl.mcp._auth import http_auth, login_command
+from mcprl.mcp._elicit import ElicitationPolicy, Elicitations
 from mcprl.mcp._results import ResultsAs, ToolResult, tool_result
 from mcprl.mcp._spec import ServerSpec
 
@@ -57,9 +58,17 @@ ConnectMode = Literal["legacy", "auto"]
 class MCPSession:
     """An open session. Create it with `open_session`."""
 
-    def __init__(self, spec: ServerSpec, client: Client, stderr: Any, call_timeout: float) -> None:
+    def __init__(
+        self,
+        spec: ServerSpec,
+        client: Client,
+        stderr: Any,
+        call_timeout: float,
+        elicitations: Elicitations | None = None,
+    ) -> None:
         self.spec = spec
         self._client = client
+        self.elicitations = elicitations or Elicitations()
         self._stderr = stderr
         self.call_timeout = call_timeout
         self.max_result_chars = 20_000
@@ -118,6 +127,7 @@ class MCPSession:
 
         `results_as`: see `tool_result`."""
         limit = timeout if timeout is not None else self.call_timeout
+        asked = len(self.elicitations.seen)
         try:
             result = await self._client.call_tool(name, arguments or {}, read_timeout_seconds=limit)
         except MCPError as exc:
@@ -128,7 +138,9 @@ class MCPSession:
             return ToolResult(f"Error: {exc.message}", True)
         except _LOST as exc:
             raise self._lost(f"calling tool {name!r}", exc) from exc
-        return tool_result(result, self.max_result_chars, results_as)
+        out = tool_result(result, self.max_result_chars, results_as)
+        out.elicitations = self.elicitations.seen[asked:]  # what the server asked meanwhile
+        return out
 
     async def _paginate(self, method: Any, field: str) -> list[Any]:
         items: list[Any] = []
@@ -170,11 +182,16 @@ async def open_session(
     max_result_chars: int = 20_000,
     mode: ConnectMode = "legacy",
     auth: httpx2.Auth | None = None,
+    elicitation: ElicitationPolicy | Elicitations = "decline",
 ) -> AsyncIterator[MCPSession]:
     """Open a session with a server: a spec string, a `ServerSpec`, or (in-process) a server
     object such as an `MCPServer`. A server reached by URL is authorized by `auth` where given,
     else as `mcprl.mcp._auth.http_auth` decides (OAuth client credentials, or a stored login).
+    `elicitation`: how the server's questions to the user are answered (`mcprl.mcp._elicit`).
     """
+    elicitations = (
+        elicitation if isinstance(elicitation, Elicitations) else Elicitations(elicitation)
+    )
     refused: list[int] = []
     if isinstance(server, (str, ServerSpec)):
         spec = ServerSpec.parse(server)
@@ -198,6 +215,7 @@ async def open_session(
             target,
             mode=mode,
             message_handler=on_message,
+            elicitation_callback=elicitations,
             cache=None,
             read_timeout_seconds=startup_timeout,
         )
@@ -207,7 +225,7 @@ async def open_session(
                     await stack.enter_async_context(client)
                 except Exception as exc:
                     raise _start_error(spec, exc, stderr, junk, startup_timeout, refused) from exc
-                session = MCPSession(spec, client, stderr, call_timeout)
+                session = MCPSession(spec, client, stderr, call_timeout, elicitations)
                 session.max_result_chars = max_result_chars
                 yield session
         except BaseExceptionGroup as group:

@@ -57,6 +57,11 @@ class Scenario(BaseModel):
     reference: Reference | None = None
     tags: list[str] = Field(default_factory=list)
     split: Literal["train", "val"] | None = None
+    elicitation: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="answers to the server's questions to the user (MCP elicitation), in the "
+        "order asked: a content object (accepted) or {'action': ..., 'content': ...}",
+    )
 
 
 class ScenarioSet:
