@@ -28,7 +28,7 @@ from mcprl.gather import gather_groups
 from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_annotations
 from mcprl.policy import Policy, policy_client
 from mcprl.rewards import is_success
-from mcprl.rollout import RolloutConfig, rollout
+from mcprl.rollout import RolloutConfig, rollout, sampler
 from mcprl.scenarios import Scenario, has_reference
 from mcprl.types import TrajectoryGroup
 
@@ -107,7 +107,12 @@ async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[An
     ):
         yield server
         return
-    async with open_session(server, max_result_chars=config.max_result_chars) as session:
+    async with open_session(
+        server,
+        max_result_chars=config.max_result_chars,
+        elicitation=config.elicitation,
+        sampling=sampler(config),
+    ) as session:
         tools = await session.list_tools()
         if tools and all(tool_annotations(t).get("readOnlyHint") is True for t in tools):
             yield session

@@ -52,6 +52,7 @@ from mcprl.mcp import (
     Elicitations,
     MCPSession,
     ResultsAs,
+    Sampler,
     ToolInfo,
     describe_elicitation,
     open_session,
@@ -178,6 +179,14 @@ class RolloutConfig(BaseModel):
         "decline, or accept-defaults (the defaults its schema declares); a scenario's own "
         "scripted answers come first (Scenario.elicitation)",
     )
+    sampling_model: str | None = Field(
+        default=None,
+        description="a LiteLLM model that answers a server's requests for completions (MCP "
+        "sampling); None: they are refused",
+    )
+    sampling_api_base: str | None = Field(
+        default=None, description="OpenAI-compatible base URL for sampling_model"
+    )
     first_tool: str | None = Field(
         default=None,
         description="the tool the first turn must call (a named tool choice); the training "
@@ -245,6 +254,7 @@ async def rollout(
             server.spec if isinstance(server, MCPSession) else server,
             max_result_chars=config.max_result_chars,
             elicitation=Elicitations(config.elicitation, scenario.elicitation),
+            sampling=sampler(config),
         )
     async with opened as session:
         mcp_tools = [
@@ -331,6 +341,13 @@ async def rollout(
     traj.metrics["duration_s"] = time.perf_counter() - started
     traj.metrics["trainable"] = float(traj.trainable)
     return traj
+
+
+def sampler(config: RolloutConfig) -> Sampler | None:
+    """What answers a server's sampling requests in these attempts (`sampling_model`)."""
+    if config.sampling_model is None:
+        return None
+    return Sampler(config.sampling_model, api_base=config.sampling_api_base)
 
 
 def turn_budget(scenario: Scenario, config: RolloutConfig) -> int:

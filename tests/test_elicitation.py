@@ -93,3 +93,27 @@ async def test_a_scenarios_scripted_answer_reaches_the_server_and_the_trajectory
     assert traj.metadata["elicitations"][0]["tool"] == "book_table"
     assert traj.metadata["elicitations"][0]["content"] == {"time": "20:15"}
     assert traj.metrics["elicitations"] == 1.0
+
+
+async def test_a_sampling_request_is_refused_at_once_or_answered_by_the_configured_model():
+    from benchmarks.judge_standin import StandinJudge, serve
+    from mcprl.mcp import Sampler
+    from mcprl.scenarios import ScenarioSet
+
+    async with open_session(ASKS) as session:
+        result = await session.call_tool("summarize", {"text": "a long story"}, timeout=20)
+        assert "no summary" in result.text and "Sampling not supported" in result.text
+    standin, url = serve(StandinJudge(ScenarioSet([])))  # answers "OK" to any plain prompt
+    try:
+        sampler = Sampler("openai/standin", api_base=url)
+        async with open_session(ASKS, sampling=sampler) as session:
+            result = await session.call_tool("summarize", {"text": "a long story"}, timeout=20)
+        assert result.text.strip() == "summary: OK"
+        assert sampler.seen[0]["messages"] == [{"role": "user", "content": "a long story"}]
+        broken = Sampler("openai/standin", api_base="http://127.0.0.1:9/v1")
+        broken.llm.retry.max_attempts = 1
+        async with open_session(ASKS, sampling=broken) as session:
+            result = await session.call_tool("summarize", {"text": "x"}, timeout=30)
+        assert "the client's model failed" in result.text
+    finally:
+        standin.shutdown()

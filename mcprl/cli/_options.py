@@ -86,6 +86,18 @@ ROLLOUT = [
         "defaults its schema declares); a scenario's scripted answers come first",
     ),
     Setting(
+        "--sampling-model",
+        "sampling_model",
+        "a LiteLLM model that answers a server's requests for completions (MCP sampling)",
+        "refused",
+    ),
+    Setting(
+        "--sampling-api-base",
+        "sampling_api_base",
+        "OpenAI-compatible base URL for --sampling-model",
+        "",
+    ),
+    Setting(
         "--results-as",
         "results_as",
         "a tool result that comes as structured content and as text saying the same is "

@@ -20,6 +20,7 @@ from mcprl.mcp._inspect import (
 from mcprl.mcp._login import login
 from mcprl.mcp._results import ResultsAs, ToolResult
 from mcprl.mcp._safety import looks_like_error, name_words, tool_access, writing_tools
+from mcprl.mcp._sampling import Sampler
 from mcprl.mcp._session import MCPSession, open_session
 from mcprl.mcp._spec import (
     EXAMPLE_SERVERS,
@@ -39,6 +40,7 @@ __all__ = [
     "PromptInfo",
     "ResourceInfo",
     "ResultsAs",
+    "Sampler",
     "ServerInfo",
     "ServerSpec",
     "TokenFile",

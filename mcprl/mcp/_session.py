@@ -31,6 +31,7 @@ from mcprl.errors import MCPConnectionError, MCPRLError, MCPServerError, MCPServ
 from mcprl.mcp._auth import http_auth, login_command
 from mcprl.mcp._elicit import ElicitationPolicy, Elicitations
 from mcprl.mcp._results import ResultsAs, ToolResult, tool_result
+from mcprl.mcp._sampling import Sampler
 from mcprl.mcp._spec import ServerSpec
 
 __all__ = ["MCPSession", "open_session"]
@@ -183,11 +184,13 @@ async def open_session(
     mode: ConnectMode = "legacy",
     auth: httpx2.Auth | None = None,
     elicitation: ElicitationPolicy | Elicitations = "decline",
+    sampling: Sampler | None = None,
 ) -> AsyncIterator[MCPSession]:
     """Open a session with a server: a spec string, a `ServerSpec`, or (in-process) a server
     object such as an `MCPServer`. A server reached by URL is authorized by `auth` where given,
     else as `mcprl.mcp._auth.http_auth` decides (OAuth client credentials, or a stored login).
-    `elicitation`: how the server's questions to the user are answered (`mcprl.mcp._elicit`).
+    `elicitation`: how the server's questions to the user are answered (`mcprl.mcp._elicit`);
+    `sampling`: the model that answers its requests for completions (else they are refused).
     """
     elicitations = (
         elicitation if isinstance(elicitation, Elicitations) else Elicitations(elicitation)
@@ -216,6 +219,7 @@ async def open_session(
             mode=mode,
             message_handler=on_message,
             elicitation_callback=elicitations,
+            sampling_callback=sampling,
             cache=None,
             read_timeout_seconds=startup_timeout,
         )

@@ -42,5 +42,20 @@ async def cancel_booking(name: str, ctx: Context) -> str:
     return f"kept the booking of {name}"
 
 
+@server.tool()
+async def summarize(text: str, ctx: Context) -> str:
+    """Summarize `text` with the client's model (MCP sampling)."""
+    from mcp import types
+
+    try:
+        reply = await ctx.request_context.session.create_message(
+            [types.SamplingMessage(role="user", content=types.TextContent(type="text", text=text))],
+            max_tokens=50,
+        )
+    except Exception as exc:  # the client refused or failed
+        return f"no summary: {exc}"
+    return f"summary: {reply.content.text}"
+
+
 if __name__ == "__main__":
     serve(server)
