@@ -40,9 +40,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from mcprl.model import TrainableModel
-from mcprl.serving import fail, json_body
 from mcprl.training import TrainConfig
 from mcprl.types import TrajectoryGroup
+
+
+# the serving package loads torch: imported when a request comes, not with `import mcprl`
+def fail(*args: Any, **kwargs: Any) -> Any:
+    from mcprl.serving import fail as serving_fail
+
+    return serving_fail(*args, **kwargs)
+
+
+async def json_body(*args: Any, **kwargs: Any) -> Any:
+    from mcprl.serving import json_body as serving_json_body
+
+    return await serving_json_body(*args, **kwargs)
+
 
 __all__ = ["MAX_UPLOAD_BYTES", "backend_routes"]
 

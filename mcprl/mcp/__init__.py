@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from mcprl.mcp._auth import SECRET_ENV, TokenFile, config_dir
+from mcprl.mcp._auth import SECRET_ENV, MemoryTokens, TokenFile, config_dir
 from mcprl.mcp._elicit import ElicitationPolicy, Elicitations
 from mcprl.mcp._elicit import describe as describe_elicitation
 from mcprl.mcp._inspect import (
@@ -17,7 +17,7 @@ from mcprl.mcp._inspect import (
     openai_tools,
     tool_annotations,
 )
-from mcprl.mcp._login import login
+from mcprl.mcp._login import code_flow, login
 from mcprl.mcp._results import ResultsAs, ToolResult
 from mcprl.mcp._safety import looks_like_error, name_words, tool_access, writing_tools
 from mcprl.mcp._sampling import Sampler
@@ -36,6 +36,7 @@ __all__ = [
     "ElicitationPolicy",
     "Elicitations",
     "MCPSession",
+    "MemoryTokens",
     "OAuthClient",
     "PromptInfo",
     "ResourceInfo",
@@ -46,6 +47,7 @@ __all__ = [
     "TokenFile",
     "ToolInfo",
     "ToolResult",
+    "code_flow",
     "config_dir",
     "describe_elicitation",
     "example_server_path",

@@ -39,7 +39,7 @@ from mcp.shared.auth import (
 
 from mcprl.errors import ServerSpecError
 
-__all__ = ["SECRET_ENV", "TokenFile", "config_dir", "http_auth", "login_command"]
+__all__ = ["SECRET_ENV", "MemoryTokens", "TokenFile", "config_dir", "http_auth", "login_command"]
 
 #: where `--oauth-client-id` takes its secret from (a flag would show in `ps` and shell history)
 SECRET_ENV = "MCPRL_OAUTH_CLIENT_SECRET"
@@ -111,7 +111,7 @@ class TokenFile:
         self._write(data)
 
 
-class _InMemory:
+class MemoryTokens:
     """`TokenStorage` for this process only (client credentials: nothing to keep on disk)."""
 
     def __init__(self) -> None:
@@ -173,7 +173,7 @@ def http_auth(spec: Any) -> httpx2.Auth | None:
             warnings.simplefilter("ignore")
             return ClientCredentialsOAuthProvider(
                 spec.url,
-                _InMemory(),  # a new token each process: the secret is at hand
+                MemoryTokens(),  # a new token each process: the secret is at hand
                 client.client_id,
                 client.client_secret,
                 scope=client.scope,

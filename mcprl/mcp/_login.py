@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import webbrowser
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -23,7 +23,39 @@ from mcprl.mcp._auth import TokenFile
 from mcprl.mcp._session import open_session
 from mcprl.mcp._spec import ServerSpec
 
-__all__ = ["login"]
+__all__ = ["code_flow", "login"]
+
+
+def code_flow(
+    server_url: str,
+    storage: Any,
+    redirect_uri: str,
+    on_redirect: Callable[[str], Awaitable[None]],
+    on_callback: Callable[[], Awaitable[AuthorizationCodeResult]],
+    *,
+    scope: str | None = None,
+    client_metadata_url: str | None = None,
+) -> OAuthClientProvider:
+    """The SDK's provider for mcprl as a public client of the authorization-code flow (PKCE):
+    it registers itself (or names its client ID metadata document, `client_metadata_url`,
+    where the server takes one), sends the user to `on_redirect`, and takes the code from
+    `on_callback`. A client registered beforehand is the `client_info` `storage` holds."""
+    metadata = OAuthClientMetadata(
+        client_name="mcprl",
+        redirect_uris=[redirect_uri],
+        grant_types=["authorization_code", "refresh_token"],
+        response_types=["code"],
+        token_endpoint_auth_method="none",
+        scope=scope,
+    )
+    return OAuthClientProvider(
+        server_url,
+        metadata,
+        storage,
+        on_redirect,
+        on_callback,
+        client_metadata_url=client_metadata_url,
+    )
 
 
 async def login(
@@ -43,14 +75,6 @@ async def login(
         raise ServerSpecError(f"{spec.describe()} runs as a command: only servers at a URL log in")
     storage = TokenFile(spec.url)
     async with _Loopback(port) as loopback:
-        metadata = OAuthClientMetadata(
-            client_name="mcprl",
-            redirect_uris=[loopback.redirect_uri],
-            grant_types=["authorization_code", "refresh_token"],
-            response_types=["code"],
-            token_endpoint_auth_method="none",
-            scope=scope,
-        )
 
         async def redirect(authorization_url: str) -> None:
             opened = open_browser and _open(authorization_url)
@@ -63,7 +87,9 @@ async def login(
             with anyio.fail_after(timeout):
                 return await loopback.result()
 
-        provider = OAuthClientProvider(spec.url, metadata, storage, redirect, callback)
+        provider = code_flow(
+            spec.url, storage, loopback.redirect_uri, redirect, callback, scope=scope
+        )
         session_spec = spec.model_copy(update={"oauth": None})
         async with open_session(session_spec, auth=provider) as session:
             tools = await session.list_tools()
