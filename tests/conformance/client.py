@@ -1,6 +1,6 @@
 """mcprl's MCP client under the official conformance suite (`@modelcontextprotocol/conformance`).
 
-    python tests/conformance/client.py SERVER_URL      # the suite runs it so (tests/conformance/run.sh)
+    python tests/conformance/client.py SERVER_URL    # as tests/conformance/run.sh runs it
 
 The suite names the scenario in $MCP_CONFORMANCE_SCENARIO and, where it needs them, gives
 credentials in $MCP_CONFORMANCE_CONTEXT. This client does what mcprl does with a server: it
