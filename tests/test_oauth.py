@@ -183,7 +183,8 @@ async def test_a_training_run_with_client_credentials_outlives_its_tokens(oauth_
     for groups in backend.trained:
         for t in groups[0].trajectories:
             assert t.metrics["tool_errors"] == 0 and t.reward == 1.0
-    assert _stats(oauth_server)["client_credentials"] >= 2
+    # the run's sessions share a token while it lasts: a new one after it expired, not per call
+    assert 2 <= _stats(oauth_server)["client_credentials"] <= 3
     written = "".join(p.read_text(errors="replace") for p in (tmp_path / "runs").rglob("*")
                       if p.is_file())  # fmt: skip
     assert written and SECRET not in written and "hdr-s3cret-value" not in written

@@ -12,9 +12,9 @@ what a command-line tool needs around it:
 - `login(url)` (in `_login`): the interactive authorization-code flow (`mcprl login URL`).
 - `http_auth(spec)`: what a session sends. With `ServerSpec.oauth` (a client ID and secret,
   `--oauth-client-id` with the secret in `$MCPRL_OAUTH_CLIENT_SECRET`), the client-credentials
-  grant for headless training runs (its tokens stay in memory, and a token that expires is
-  replaced by a new one from the same grant); else the tokens a `login` stored for the URL,
-  refreshed as they expire; else nothing.
+  grant for headless training runs (its token stays in memory, shared by the process's
+  sessions, and one that expires is replaced by a new one from the same grant); else the
+  tokens a `login` stored for the URL, refreshed as they expire; else nothing.
 """
 
 from __future__ import annotations
@@ -117,12 +117,14 @@ class MemoryTokens:
     def __init__(self) -> None:
         self.tokens: OAuthToken | None = None
         self.client_info: OAuthClientInformationFull | None = None
+        self.expires_at: float | None = None
 
     async def get_tokens(self) -> OAuthToken | None:
         return self.tokens
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
         self.tokens = tokens
+        self.expires_at = time.time() + tokens.expires_in if tokens.expires_in else None
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         return self.client_info
@@ -154,6 +156,9 @@ class _StoredLogin(OAuthClientProvider):
             self.context.token_expiry_time = expires_at
 
 
+_CLIENT_TOKENS: dict[tuple[str, str, str, str | None, str | None], MemoryTokens] = {}
+
+
 def http_auth(spec: Any) -> httpx2.Auth | None:
     """How a session with `spec` (a `ServerSpec` reached by URL) authorizes (module docstring)."""
     if spec.url is None:
@@ -168,12 +173,23 @@ def http_auth(spec: Any) -> httpx2.Auth | None:
             raise ServerSpecError(
                 f"the OAuth client {client.client_id!r} needs its secret: set ${SECRET_ENV}"
             )
+
+        class Provider(ClientCredentialsOAuthProvider):
+            async def _initialize(self) -> None:
+                await super()._initialize()
+                self.context.token_expiry_time = storage.expires_at
+
+        # the sessions of this process share the client's token (one per attempt would cost a
+        # refused request and a token request each); none is kept on disk: the secret is at hand
+        secret = hashlib.sha256(client.client_secret.encode()).hexdigest()
+        key = (spec.url, client.client_id, secret, client.scope, client.issuer)
+        storage = _CLIENT_TOKENS.setdefault(key, MemoryTokens())
         with warnings.catch_warnings():
             # omitting the issuer is deprecated in the SDK: the server's metadata names it
             warnings.simplefilter("ignore")
-            return ClientCredentialsOAuthProvider(
+            return Provider(
                 spec.url,
-                MemoryTokens(),  # a new token each process: the secret is at hand
+                storage,
                 client.client_id,
                 client.client_secret,
                 scope=client.scope,
