@@ -15,8 +15,9 @@ side.
 from __future__ import annotations
 
 import math
+from typing import Any
 
-__all__ = ["counts", "difference", "rate", "wilson"]
+__all__ = ["counts", "difference", "rate", "split_metrics", "wilson"]
 
 Z95 = 1.959964
 
@@ -60,3 +61,9 @@ def difference(before: tuple[int, int], after: tuple[int, int]) -> str:
     high = d + math.sqrt((u2 - p2) ** 2 + (p1 - l1) ** 2)
     text = f"{100 * d:+.0f} points (95% CI {100 * low:+.0f} to {100 * high:+.0f})"
     return text + (": within the noise" if low <= 0 <= high else "")
+
+
+def split_metrics(row: dict[str, Any], split: str = "val") -> dict[str, Any]:
+    """A history row's metrics of one split, without its prefix (`val/success` as `success`)."""
+    prefix = f"{split}/"
+    return {k.removeprefix(prefix): v for k, v in row.items() if k.startswith(prefix)}

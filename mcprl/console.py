@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from mcprl._stats import counts, rate
+from mcprl._stats import counts, rate, split_metrics
 from mcprl.rewards import Reward
 from mcprl.train import GroupsDrawn, RowRecorded, RunEvent
 from mcprl.types import TrajectoryGroup
@@ -38,7 +38,7 @@ class Console:
         elif isinstance(event, RowRecorded):
             row = event.row
             if "val/attempts" in row:
-                val = {k[4:]: v for k, v in row.items() if k.startswith("val/")}
+                val = split_metrics(row)
                 self.say(f"eval at step {row['step']}: {describe_eval(val)}")
                 return
             self.say(_step_line(row, event.run.config.steps, event.run.informative))

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mcprl._stats import counts, difference, rate
+from mcprl._stats import counts, difference, rate, split_metrics
 from mcprl.backends import RunStore, export_run
 from mcprl.types import Trajectory, read_groups
 
@@ -370,7 +370,7 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         f"<tr><th>val</th><th>step {html.escape(str(first['step']))}</th>"
         f"<th>step {html.escape(str(last['step']))}</th></tr>"
     )
-    before, after = (counts({k[4:]: v for k, v in r.items()}) for r in (first, last))
+    before, after = (counts(split_metrics(r)) for r in (first, last))
 
     def cell(row: dict[str, Any], key: str, counted: tuple[int, int] | None) -> str:
         if key == "success" and counted is not None:

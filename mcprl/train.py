@@ -56,6 +56,7 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mcprl._defaults import configured_llm
+from mcprl._stats import split_metrics
 from mcprl.backends import Backend
 from mcprl.collect import (
     SEED_STRIDE,
@@ -849,8 +850,8 @@ def _fill_baseline(summary: RunSummary, rows: list[dict[str, Any]]) -> None:
     if vals:
         first, last = vals[0], vals[-1]
         summary.baseline_step, summary.final_step = first["step"], last["step"]
-        summary.baseline = {k[4:]: v for k, v in first.items() if k.startswith("val/")}
-        summary.final = {k[4:]: v for k, v in last.items() if k.startswith("val/")}
+        summary.baseline = split_metrics(first)
+        summary.final = split_metrics(last)
 
 
 def _ids(scenarios: ScenarioSet) -> set[str]:
