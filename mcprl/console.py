@@ -113,6 +113,8 @@ def describe_eval(metrics: dict[str, float]) -> str:
         parts.append(f"success {rate(*counted)}")
     elif "success" in metrics:
         parts.append(f"success {metrics['success']:.0%}")
+    if "judged_success" in metrics:  # the judge's verdict (RULER): with no reference, the only one
+        parts.append(f"judged a success {metrics['judged_success']:.0%}")
     if "reward" in metrics:
         parts.append(f"reward {metrics['reward']:.3f}")
     if "completed" in metrics:

@@ -351,7 +351,7 @@ _COUNTS = ("attempts", "failed_attempts", "turns", "tool_calls", "tool_errors")
 def _fmt(value: Any, key: str = "") -> str:
     if isinstance(value, float) and math.isnan(value):
         return "–"
-    if isinstance(value, float) and key in ("success", "completed"):
+    if isinstance(value, float) and key in ("success", "judged_success", "completed"):
         return f"{value:.0%}"
     if isinstance(value, float) and key in _COUNTS and value.is_integer():
         return str(int(value))  # counts are whole numbers: "2", not "2.000"
@@ -365,7 +365,8 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
     if not vals:
         return "<p>No evaluation yet.</p>"
     first, last = vals[0], vals[-1]
-    keys = ["success", "reward", "completed", "turns", "tool_errors", "reward_ruler", "attempts"]
+    keys = ["success", "judged_success", "reward", "completed", "turns", "tool_errors",
+            "reward_ruler", "judge_agreement", "attempts"]  # fmt: skip
     head = (
         f"<tr><th>val</th><th>step {html.escape(str(first['step']))}</th>"
         f"<th>step {html.escape(str(last['step']))}</th></tr>"
@@ -377,8 +378,10 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
             return html.escape(rate(*counted))
         return _fmt(row.get("val/" + key), key)
 
+    labels = {"judged_success": "judged a success", "judge_agreement": "judge's passes agree"}
     body = "".join(
-        f"<tr><td>{k}</td><td>{cell(first, k, before)}</td><td>{cell(last, k, after)}</td></tr>"
+        f"<tr><td>{labels.get(k, k)}</td><td>{cell(first, k, before)}</td>"
+        f"<td>{cell(last, k, after)}</td></tr>"
         for k in keys
         if f"val/{k}" in first or f"val/{k}" in last
     )

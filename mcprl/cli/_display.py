@@ -97,7 +97,7 @@ def print_summary(summary: Any, again: str) -> None:
     )
     keys = [
         k
-        for k in ("success", "reward", "completed", "turns", "tool_errors")
+        for k in ("success", "judged_success", "reward", "completed", "turns", "tool_errors")
         if k in summary.baseline or k in summary.final
     ]
     if keys:
@@ -109,7 +109,7 @@ def print_summary(summary: Any, again: str) -> None:
             cells = []
             for metrics in (summary.baseline, summary.final):
                 v = metrics.get(k)
-                pct = k in ("success", "completed")
+                pct = k in ("success", "judged_success", "completed")
                 cells.append("–" if v is None else (f"{v:.0%}" if pct else f"{v:.3f}"))
             print(f"  {k:<13}{cells[0]:>12}{cells[1]:>12}")
     before, after = counts(summary.baseline), counts(summary.final)
