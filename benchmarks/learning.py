@@ -197,6 +197,11 @@ def main() -> None:
             "trained": {
                 k: [e[trained_key].get(k, 0.0) for e in evals] for k in ("success", "reward")
             },
+            # successes and attempts per number of calls a task needs, over the seeds
+            "by_calls": {
+                "base": _by_calls([e[base_key] for e in evals]),
+                "trained": _by_calls([e[trained_key] for e in evals]),
+            },
         }
         results["runs"][name] = run
         out_file.write_text(json.dumps(results, indent=2))
@@ -210,6 +215,17 @@ def main() -> None:
         tmp.cleanup()
 
 
+def _by_calls(metrics: list[dict[str, float]]) -> dict[str, list[int]]:
+    from mcprl._stats import chain_counts
+
+    out: dict[str, list[int]] = {}
+    for m in metrics:
+        for n, (k, checked) in chain_counts(m).items():
+            done = out.setdefault(str(n), [0, 0])
+            out[str(n)] = [done[0] + k, done[1] + checked]
+    return out
+
+
 def _report_run(name: str, run: dict) -> None:
     b, t = run["base"]["success"], run["trained"]["success"]
     delta = statistics.mean(t) - statistics.mean(b)
@@ -218,7 +234,8 @@ def _report_run(name: str, run: dict) -> None:
         f"{name}: val success base {statistics.mean(b):.1%} ± {sd:.1%} -> trained "
         f"{statistics.mean(t):.1%} ± {_sd(t):.1%} ({delta * 100:+.1f} points"
         + (f", {delta / sd:+.1f} base sd" if sd else "")
-        + f"); train {run['train_seconds'] / 60:.1f} min; history {json.dumps(run['history'])}",
+        + f"); train {run['train_seconds'] / 60:.1f} min; by calls needed (successes, attempts) "
+        f"{json.dumps(run['by_calls'])}; history {json.dumps(run['history'])}",
         flush=True,
     )
 

@@ -17,7 +17,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["counts", "difference", "rate", "split_metrics", "wilson"]
+__all__ = [
+    "chain_counts",
+    "counts",
+    "describe_chains",
+    "difference",
+    "rate",
+    "split_metrics",
+    "wilson",
+]
 
 Z95 = 1.959964
 
@@ -67,3 +75,24 @@ def split_metrics(row: dict[str, Any], split: str = "val") -> dict[str, Any]:
     """A history row's metrics of one split, without its prefix (`val/success` as `success`)."""
     prefix = f"{split}/"
     return {k.removeprefix(prefix): v for k, v in row.items() if k.startswith(prefix)}
+
+
+def chain_counts(metrics: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    """(successes, attempts) per length of the reference's chain of calls, from a summary's
+    `successes_calls_N` and `checked_attempts_calls_N` (`mcprl.collect.by_chain_length`)."""
+    out = {}
+    for key, value in metrics.items():
+        if key.startswith("successes_calls_"):
+            n = int(key.rsplit("_", 1)[1])
+            checked = metrics.get(f"checked_attempts_calls_{n}")
+            if checked is not None:
+                out[n] = (round(value), round(checked))
+    return dict(sorted(out.items()))
+
+
+def describe_chains(metrics: dict[str, Any]) -> str | None:
+    """ "1 call 9 of 14, 2 calls 0 of 4, 3 calls 0 of 6": success by chain length."""
+    chains = chain_counts(metrics)
+    if not chains:
+        return None
+    return ", ".join(f"{n} call{'' if n == 1 else 's'} {k} of {m}" for n, (k, m) in chains.items())

@@ -34,6 +34,8 @@ from mcprl.types import TrajectoryGroup
 
 __all__ = [
     "SEED_STRIDE",
+    "by_chain_length",
+    "chain_length",
     "collect_groups",
     "has_reference",
     "mark_success",
@@ -210,4 +212,34 @@ def summarize(
         values = [t.metrics[key] for t in attempts if key in t.metrics]
         if values:
             out[key] = _mean(values)
+    out |= by_chain_length(groups, by_id)
+    return out
+
+
+def chain_length(scenario: Scenario | None) -> int | None:
+    """How many calls the scenario's reference makes (None without reference calls)."""
+    if scenario is None or scenario.reference is None or not scenario.reference.calls:
+        return None
+    return len(scenario.reference.calls)
+
+
+def by_chain_length(groups: list[TrajectoryGroup], by_id: dict[str, Scenario]) -> dict[str, float]:
+    """Successes and checked attempts per length of the reference's chain of calls
+    (`successes_calls_2`, `checked_attempts_calls_2`, ...), where there is more than one
+    length: whether tasks of several calls are solved, which the overall rate hides."""
+    tally: dict[int, list[int]] = {}
+    for g in groups:
+        n = chain_length(by_id.get(g.scenario_id or ""))
+        if n is None:
+            continue
+        for t in g.trajectories:
+            if "success" in t.metrics:
+                done, checked = tally.setdefault(n, [0, 0])
+                tally[n] = [done + (t.metrics["success"] >= 1.0), checked + 1]
+    if len(tally) < 2:
+        return {}
+    out = {}
+    for n, (done, checked) in sorted(tally.items()):
+        out[f"successes_calls_{n}"] = float(done)
+        out[f"checked_attempts_calls_{n}"] = float(checked)
     return out

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from mcprl._stats import counts, rate, split_metrics
+from mcprl._stats import counts, describe_chains, rate, split_metrics
 from mcprl.rewards import Reward
 from mcprl.train import GroupsDrawn, RowRecorded, RunEvent
 from mcprl.types import TrajectoryGroup
@@ -121,7 +121,12 @@ def describe_eval(metrics: dict[str, float]) -> str:
         parts.append(f"completed {metrics['completed']:.0%}")
     if "tool_errors" in metrics:
         parts.append(f"tool errors/attempt {metrics['tool_errors']:.2f}")
-    return ", ".join(parts) + f"; {_plural(metrics.get('attempts', 0), 'attempt')}"
+    chains = describe_chains(metrics)
+    return (
+        ", ".join(parts)
+        + f"; {_plural(metrics.get('attempts', 0), 'attempt')}"
+        + (f"; by calls needed: {chains}" if chains else "")
+    )
 
 
 def _plural(count: float, noun: str) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mcprl._stats import counts, difference, rate
+from mcprl._stats import counts, describe_chains, difference, rate
 from mcprl.backends import Backend
 from mcprl.collect import (
     collect_groups,
@@ -174,6 +174,9 @@ def format_table(rows: Sequence[EvalRow]) -> str:
         for r in rows[1:]
         if first and (other := counts(r.metrics))
     ]
+    chains = [f"{r.model}: {c}" for r in rows if (c := describe_chains(r.metrics))]
+    if chains:
+        compared += ["success by calls needed:", *(f"  {c}" for c in chains)]
     return "\n".join(lines + (["", *compared] if compared else []))
 
 

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mcprl._stats import counts, difference, rate, split_metrics
+from mcprl._stats import counts, describe_chains, difference, rate, split_metrics
 from mcprl.backends import RunStore, export_run
 from mcprl.types import Trajectory, read_groups
 
@@ -385,6 +385,13 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         for k in keys
         if f"val/{k}" in first or f"val/{k}" in last
     )
+    chains = [describe_chains(split_metrics(r)) for r in (first, last)]
+    if any(chains):
+        body += (
+            "<tr><td>success by calls needed</td>"
+            + "".join(f"<td>{html.escape(c or '–')}</td>" for c in chains)
+            + "</tr>"
+        )
     moved = ""
     if before and after and first is not last:
         steps = f"from step {first['step']} to {last['step']}"

@@ -247,6 +247,40 @@ def test_the_summary_and_the_eval_table_say_whether_success_moved_beyond_the_noi
     assert "noise" not in table
 
 
+def test_success_by_the_number_of_calls_a_task_needs_is_shown_where_lengths_differ(capsys):
+    """Tasks of several calls fail where single calls succeed; the overall rate hides it, so
+    the history, the eval line, the summary and the eval table count each length apart."""
+    from mcprl.collect import summarize
+    from mcprl.console import describe_eval
+    from mcprl.evaluate import EvalRow, format_table
+    from mcprl.scenarios import Reference, ReferenceCall, Scenario
+    from mcprl.types import Trajectory, TrajectoryGroup
+
+    add = ReferenceCall(tool="add", arguments={"a": 1, "b": 2})
+    one = Scenario(id="one", task="Add 1 and 2.", difficulty=1,
+                   reference=Reference(answer="3", calls=[add]))  # fmt: skip
+    two = Scenario(id="two", task="Add 1 and 2, twice.", difficulty=2,
+                   reference=Reference(answer="6", calls=[add, add]))  # fmt: skip
+    groups = [
+        TrajectoryGroup(scenario_id="one", trajectories=[
+            Trajectory(reward=1.0, metrics={"success": 1.0}),
+            Trajectory(reward=0.0, metrics={"success": 0.0})]),
+        TrajectoryGroup(scenario_id="two", trajectories=[
+            Trajectory(reward=0.0, metrics={"success": 0.0}) for _ in range(2)]),
+    ]  # fmt: skip
+    metrics = summarize(groups, [one, two])
+    assert metrics["successes_calls_1"] == 1 and metrics["checked_attempts_calls_2"] == 2
+    assert describe_eval(metrics).endswith("by calls needed: 1 call 1 of 2, 2 calls 0 of 2")
+    assert "successes_calls_1" not in summarize(groups[:1], [one])  # one length: nothing to add
+    summary = RunSummary(project="calc", name="agent", run_dir="r", reward="reference",
+                         judge=None, first_step=0, last_step=1, target_steps=1, baseline=metrics,
+                         baseline_step=0, final=metrics, final_step=1)  # fmt: skip
+    print_summary(summary, "mcprl train example:calculator")
+    assert "by calls needed, step 1: 1 call 1 of 2, 2 calls 0 of 2" in capsys.readouterr().out
+    table = format_table([EvalRow(model="base", metrics=metrics, seconds=1.0)])
+    assert "base: 1 call 1 of 2, 2 calls 0 of 2" in table
+
+
 @pytest.mark.anyio
 async def test_the_attempts_bar_moves_per_turn(capsys, monkeypatch):
     monkeypatch.setattr("mcprl._progress._is_terminal", lambda: True)  # the bar of a terminal

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from typing import Any
 
-from mcprl._stats import counts, difference, rate
+from mcprl._stats import counts, describe_chains, difference, rate
 from mcprl.cli._options import flags_for
 from mcprl.mcp import ServerInfo
 
@@ -118,6 +118,10 @@ def print_summary(summary: Any, again: str) -> None:
               f"{difference(before, after)}")  # fmt: skip
     elif after:
         print(f"  val success: {rate(*after)}")
+    shown = {summary.baseline_step: summary.baseline, summary.final_step: summary.final}
+    for step, metrics in shown.items():  # one line per evaluation shown
+        if chains := describe_chains(metrics):
+            print(f"  by calls needed, step {step}: {chains}")
     if done:
         updated = done - summary.steps_without_update
         print(
