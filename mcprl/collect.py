@@ -59,18 +59,19 @@ async def collect_groups(
     max_exceptions: int | float = 0.25,
     desc: str = "rollouts",
     progress: bool = True,
-    first_tools: Sequence[Sequence[str]] | None = None,
+    starts: Sequence[Sequence[dict[str, Any]]] | None = None,
 ) -> list[TrajectoryGroup]:
     """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order.
-    `first_tools[i]`: the tools that scenario i's first attempts must call first, one each
-    (`RolloutConfig.first_tool`); the other attempts choose freely."""
+    `starts[i]`: how scenario i's first attempts start, one each, as `RolloutConfig` settings
+    (`{"first_tool": "add"}`: it must call `add` first; `{"guided_calls": 2}`: the reference's
+    first two calls are made for it); the other attempts start as `config` says."""
     async with policy_client(model) as client, attempt_server(server, config) as server:
 
         def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
             update: dict[str, Any] = {"seed": seed + (i * attempts + a) * SEED_STRIDE}
-            forced = first_tools[i] if first_tools else ()
-            if a < len(forced):
-                update["first_tool"] = forced[a]
+            start = starts[i] if starts else ()
+            if a < len(start):
+                update |= start[a]
             cfg = config.model_copy(update=update)
             return lambda: rollout(model, scenario, server, cfg, client=client)
 

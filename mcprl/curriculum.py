@@ -56,7 +56,7 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from mcprl.errors import UsageError
 from mcprl.rewards import Informative, is_informative, success_key
@@ -79,6 +79,11 @@ _PRIOR = {1: 0.8, 2: 0.6, 3: 0.4, 4: 0.3, 5: 0.2}
 _PRIOR_STRENGTH = 2.0
 
 
+def _helped(t: Any) -> bool:
+    """The loop chose how the attempt started (a first tool, or calls made for it)."""
+    return "first_tool" in t.metadata or "guided_calls" in t.metadata
+
+
 def task_kind(scenario: Scenario) -> tuple[str, ...]:
     """The tools its reference calls, in order (its own id when it has no reference calls)."""
     ref = scenario.reference
@@ -93,7 +98,8 @@ class ScenarioStats:
 
     `recent_groups` and `recent_informative` count the same groups with the older ones
     discounted (`ScenarioSampler(decay=...)`), for the estimate that draws. `own_successes`
-    leaves out the attempts whose first tool the loop chose (`RolloutConfig.first_tool`).
+    leaves out the attempts the loop helped start: a first tool it chose
+    (`RolloutConfig.first_tool`), or reference calls it made for them (`guided_calls`).
     """
 
     groups: int = 0
@@ -103,6 +109,7 @@ class ScenarioStats:
     own_successes: int = 0
     recent_groups: float = 0.0
     recent_informative: float = 0.0
+    guided_solved: int | None = None  # the fewest calls made for a guided attempt that succeeded
 
     @property
     def success_rate(self) -> float:
@@ -153,7 +160,8 @@ class ScenarioSampler:
             kind = self._by_kind[self._kind[g.scenario_id or ""]]
             informative = is_informative(g, self.informative)
             solved = [t for t in g.trajectories if t.metrics.get(self._mark, 0.0) >= 1.0]
-            own = sum("first_tool" not in t.metadata for t in solved)
+            own = sum(not _helped(t) for t in solved)
+            guided = [t.metadata["guided_calls"] for t in solved if "guided_calls" in t.metadata]
             for s in (stats, kind):
                 s.groups += 1
                 s.informative += informative
@@ -162,6 +170,21 @@ class ScenarioSampler:
                 s.own_successes += own
                 s.recent_groups = self.decay * s.recent_groups + 1
                 s.recent_informative = self.decay * s.recent_informative + informative
+                if guided:
+                    fewest = min(guided)
+                    s.guided_solved = min(fewest, s.guided_solved or fewest)
+
+    def guided_calls(self, scenario: Scenario, rng: random.Random) -> int:
+        """How many of the reference's calls to make for a guided attempt at `scenario`: a draw
+        from 1 to one fewer than the calls of its chain, and from 1 to one fewer than the
+        fewest with which a guided attempt of its kind succeeded, once one has: the help falls
+        as the kind gets solved (a curriculum over the chain). 0 for a single call."""
+        n = len(scenario.reference.calls) if scenario.reference is not None else 0
+        kind = self._by_kind.get(self._kind.get(scenario.id, ()))
+        most = n - 1
+        if kind is not None and kind.guided_solved is not None:
+            most = min(most, max(1, kind.guided_solved - 1))
+        return rng.randint(1, most) if most >= 1 else 0
 
     def unsolved(self, scenario: Scenario) -> bool:
         """Its kind was tried and no attempt of the policy's own choosing solved it: where some

@@ -187,6 +187,13 @@ class RolloutConfig(BaseModel):
     sampling_api_base: str | None = Field(
         default=None, description="OpenAI-compatible base URL for sampling_model"
     )
+    guided_calls: int = Field(
+        default=0,
+        ge=0,
+        description="make the first N of the scenario's reference calls for the attempt before "
+        "its first turn (shown as its own calls, never trained on): the loop sets it on some "
+        "attempts at chains of calls none has solved yet (guided attempts)",
+    )
     first_tool: str | None = Field(
         default=None,
         description="the tool the first turn must call (a named tool choice); the training "
@@ -277,6 +284,10 @@ async def rollout(
             {"role": "system", "content": _system_prompt(config)},
             {"role": "user", "content": user_message(scenario, config, kind)},
         ]
+        guided = await _guide(traj, scenario, session, config)
+        if guided:
+            traj.metadata["guided_calls"] = guided
+            config = config.model_copy(update={"max_turns": max(1, config.max_turns - guided)})
         traj.timings["setup_s"] = time.perf_counter() - started
         done = False
         for turn in range(config.max_turns):
@@ -341,6 +352,29 @@ async def rollout(
     traj.metrics["duration_s"] = time.perf_counter() - started
     traj.metrics["trainable"] = float(traj.trainable)
     return traj
+
+
+async def _guide(
+    traj: Trajectory, scenario: Scenario, session: MCPSession, config: RolloutConfig
+) -> int:
+    """Make the first `config.guided_calls` reference calls of `scenario` for the attempt: each
+    an assistant tool call and the server's real result, as if the model had made them. They
+    have no `choices` entry, so no token of theirs is trained on. Returns how many it made."""
+    calls = scenario.reference.calls if scenario.reference is not None else []
+    k = min(config.guided_calls, max(len(calls) - 1, 0))  # the last call is the model's to make
+    for i, call in enumerate(calls[:k]):
+        result = await session.call_tool(
+            call.tool, call.arguments, timeout=config.tool_timeout, results_as=config.results_as
+        )
+        call_id = f"guided_{i + 1}"
+        traj.messages.append({
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": {
+                "name": call.tool, "arguments": json.dumps(call.arguments)}}],
+        })  # fmt: skip
+        traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": result.text})
+    return k
 
 
 def sampler(config: RolloutConfig) -> Sampler | None:

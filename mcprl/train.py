@@ -130,6 +130,16 @@ class RunConfig(BaseModel):
         "choice, this share of a group's attempts start with a tool the loop picks (each a "
         "different one); 0 disables",
     )
+    guide: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="at a chain of two or more calls tried before and never solved by the "
+        "policy's own attempts, this share of a group's attempts start with the reference's "
+        "first calls made for them (how many: a draw that falls as the kind gets solved), so "
+        "the policy practises the call after them; such a chain is guided instead of explored. "
+        "0 disables",
+    )
     reward: RewardMode = "auto"
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
     judge: str | None = Field(default=None, description="LiteLLM model; None: see module doc")
@@ -705,7 +715,7 @@ class TrainingRun:
         kept: list[TrajectoryGroup] = []
         tied: list[TrajectoryGroup] = []
         drawn: list[str] = []
-        explored = 0
+        helped = {"explored": 0, "guided": 0}
         times = {"rollout": 0.0, "judge": 0.0}
         self._dropped.clear()
         self.phase = "rollouts"
@@ -722,10 +732,12 @@ class TrainingRun:
                 + step * 1_000_000
                 + len(drawn) * config.rollouts_per_group * SEED_STRIDE
             )
-            first = [self._first_tools(s, seed + i) for i, s in enumerate(batch)]
-            explored += sum(map(len, first))
+            starts = [self._starts(s, seed + i) for i, s in enumerate(batch)]
+            for start in starts:
+                for st in start:
+                    helped["guided" if "guided_calls" in st else "explored"] += 1
             groups = await self._collect(
-                batch, config.rollouts_per_group, seed, f"step {step} rollouts{again}", first
+                batch, config.rollouts_per_group, seed, f"step {step} rollouts{again}", starts
             )
             t1 = time.perf_counter()
             groups = await score_groups(
@@ -746,21 +758,30 @@ class TrainingRun:
             "groups_drawn": float(len(drawn)),
             "groups_tied": float(len(tied)),
             "groups_trained": float(len(kept)),
-            "attempts_explored": float(explored),
+            "attempts_explored": float(helped["explored"]),
+            "attempts_guided": float(helped["guided"]),
         }
         return kept + tied, counts | self.sampler.summary(), times
 
-    def _first_tools(self, scenario: Scenario, seed: int) -> list[str]:
-        """The tools that attempts at `scenario` must call first (`explore`): none unless its kind
-        is unsolved; else a seeded pick of distinct tools of the server."""
+    def _starts(self, scenario: Scenario, seed: int) -> list[dict[str, Any]]:
+        """How the first attempts at `scenario` start (`collect_groups(starts=)`): as the policy
+        chooses unless its kind is unsolved; then, at a chain of calls with `guide` on, after
+        the reference's first calls (`guided_calls`, drawn by the sampler); else each with a
+        different tool of the server picked by a seeded draw (`explore`)."""
+        if not self.sampler.unsolved(scenario):
+            return []
+        rng = random.Random(seed)
+        attempts = self.config.rollouts_per_group
+        chain = scenario.reference.calls if scenario.reference is not None else []
+        if self.config.guide > 0 and len(chain) >= 2:
+            n = math.ceil(self.config.guide * attempts)
+            return [{"guided_calls": self.sampler.guided_calls(scenario, rng)} for _ in range(n)]
         share = self.config.explore
-        if share <= 0 or self.info is None or not self.sampler.unsolved(scenario):
+        tools = [t.name for t in self.info.tools] if self.info is not None else []
+        if share <= 0 or len(tools) < 2:
             return []
-        tools = [t.name for t in self.info.tools]
-        if len(tools) < 2:
-            return []
-        k = min(len(tools), math.ceil(share * self.config.rollouts_per_group))
-        return random.Random(seed).sample(tools, k)
+        k = min(len(tools), math.ceil(share * attempts))
+        return [{"first_tool": tool} for tool in rng.sample(tools, k)]
 
     async def _collect(
         self,
@@ -768,7 +789,7 @@ class TrainingRun:
         attempts: int,
         seed: int,
         desc: str,
-        first_tools: list[list[str]] | None = None,
+        starts: list[list[dict[str, Any]]] | None = None,
     ):
         return await collect_groups(
             self.model,
@@ -780,7 +801,7 @@ class TrainingRun:
             max_concurrency=self.config.max_concurrency,
             desc=desc,
             progress=self.progress,
-            first_tools=first_tools,
+            starts=starts,
         )
 
     async def _evaluate(self, summary: RunSummary) -> None:

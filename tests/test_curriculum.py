@@ -571,3 +571,93 @@ async def test_a_run_reads_its_history_once_and_its_observers_see_every_row(tmp_
     assert [e.step for e in events if isinstance(e, StepStarted)] == [1, 2, 3]
     assert [e.step for e in events if isinstance(e, GroupsDrawn)] == [1, 2, 3]
     assert summary.last_step == 3 and summary.baseline_step == 0 and summary.final_step == 3
+
+
+# -- guided attempts: chains of calls the policy never finishes ----------------------------------
+
+
+def _chain(sid: str) -> Scenario:
+    """add(2, 3) then multiply(5, 4): 20."""
+    calls = [ReferenceCall(tool="add", arguments={"a": 2, "b": 3}),
+             ReferenceCall(tool="multiply", arguments={"a": 5, "b": 4})]  # fmt: skip
+    return Scenario(id=sid, task=f"Task {sid}: add 2 and 3, then times 4.", difficulty=2,
+                    reference=Reference(answer="20", calls=calls))  # fmt: skip
+
+
+def _finishes_only_what_it_is_shown(body: dict) -> tuple[int, dict]:
+    """Multiplies 2 by 3 when it starts from nothing (wrong); after an `add` result of 5, it
+    multiplies that by 4; then answers with its last result."""
+    status, reply = _policy(body)
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    results = [json.loads(m["content"])["result"] for m in body["messages"] if m["role"] == "tool"]
+    made = [c["function"]["name"] for m in body["messages"] for c in m.get("tool_calls") or []]
+    if made and made[-1] == "add":
+        call["name"], call["arguments"] = "multiply", json.dumps({"a": results[-1], "b": 4})
+    elif not results:
+        call["name"], call["arguments"] = "multiply", json.dumps({"a": 2, "b": 3})
+    else:
+        call["arguments"] = json.dumps({"answer": results[-1]})
+    return status, reply
+
+
+@pytest.mark.anyio
+async def test_a_guided_attempt_starts_after_exactly_k_reference_calls_and_says_so():
+    from mcprl import Model
+    from mcprl.rollout import RolloutConfig, rollout
+
+    calculator = load_example("calculator").server
+    with LocalChatServer(_finishes_only_what_it_is_shown) as policy:
+        model = Model(name="m", base_url=policy.base_url, api_key="x")
+        guided = await rollout(model, _chain("c"), calculator, RolloutConfig(guided_calls=1))
+        alone = await rollout(model, _chain("c"), calculator, RolloutConfig())
+        capped = await rollout(model, _chain("c"), calculator, RolloutConfig(guided_calls=5))
+    made = [(m["role"], (m.get("tool_calls") or [{}])[0].get("function", {}).get("name"))
+            for m in guided.messages[2:]]  # fmt: skip
+    assert made[:2] == [("assistant", "add"), ("tool", None)]  # the one call made for it
+    assert made[2] == ("assistant", "multiply")  # then the policy's own
+    assert guided.metadata["guided_calls"] == 1 and "guided_calls" not in alone.metadata
+    assert guided.metadata["final_answer"] == "20" and alone.metadata["final_answer"] == "6"
+    # only the policy's own replies carry token data to train on
+    assert [c.message_index for c in guided.choices] == [4, 6]
+    assert capped.metadata["guided_calls"] == 1  # the chain's last call is always the policy's
+
+
+def test_the_calls_made_for_a_guided_attempt_fall_as_its_kind_gets_solved():
+    import random
+
+    long = _chain("long")
+    long.reference.calls *= 2  # four calls
+    sampler = ScenarioSampler([long])
+    rng = random.Random(0)
+    assert {sampler.guided_calls(long, rng) for _ in range(50)} == {1, 2, 3}
+    solved = _group("long", [1.0, 0.0])
+    solved.trajectories[0].metadata["guided_calls"] = 3
+    sampler.observe([solved])
+    assert {sampler.guided_calls(long, rng) for _ in range(50)} == {1, 2}
+    assert sampler.unsolved(long)  # a guided success is not the policy's own
+    assert sampler.guided_calls(_with_call("one"), rng) == 0  # a single call: nothing to make
+
+
+@pytest.mark.anyio
+async def test_an_unsolved_chain_gets_guided_attempts_that_practise_the_call_after(tmp_path):
+    scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _scenario("val")])
+    scenarios.scenarios[-1].split = "val"
+    said: list[str] = []
+    with LocalChatServer(_finishes_only_what_it_is_shown) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
+                           eval_every=0, reward="reference", write_report=False,
+                           guide=0.5)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend, say=said.append,
+                          progress=False, observers=[Console(said.append)])  # fmt: skip
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+        await run._step(summary)
+    first, second = backend.trained
+    assert all(t.reward < 1.0 for t in first[0].trajectories)  # alone it never finishes
+    assert backend.rows[1]["train/attempts_guided"] == 2
+    assert backend.rows[1]["train/attempts_explored"] == 0  # guided instead of explored
+    guided = [t for t in second[0].trajectories if "guided_calls" in t.metadata]
+    assert len(guided) == 2 and all(t.reward == 1.0 for t in guided)
+    assert "2 attempts guided" in said[-1]

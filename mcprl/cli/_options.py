@@ -133,6 +133,13 @@ RUN = [
         "share of a group's attempts each start with a different tool the loop picks (default "
         "{default}; 0 disables)",
     ),
+    Setting(
+        "--guide",
+        "guide",
+        "at a chain of 2+ calls tried before and never solved by the model's own attempts, this "
+        "share of a group's attempts start with the reference's first calls made for them, "
+        "fewer as the chain gets solved (default {default}: off; unmeasured, see RESULTS.md)",
+    ),
     *(s.within("rollout") for s in ROLLOUT),
     Setting(
         "--reward",
