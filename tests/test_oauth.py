@@ -120,6 +120,12 @@ def test_login_keeps_refreshable_tokens_that_later_commands_send(oauth_server, m
     assert main(["tools", url, "--timeout", "10"]) == 1
     assert "mcprl login" in capsys.readouterr().err
 
+    # a client registered beforehand: no registration, and its id in the authorization request
+    assert main(["login", url, "--client-id", "pre-registered", "--timeout", "30"]) == 0
+    assert "client_id=pre-registered" in opened[-1]
+    assert _stats(oauth_server)["registered"] == 1  # still only the first login's
+    assert TokenFile(url).read()["client_info"]["client_id"] == "pre-registered"
+
 
 @pytest.mark.anyio
 async def test_an_expired_token_is_replaced_mid_session_without_losing_a_call(oauth_server):

@@ -21,10 +21,12 @@ from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_with_notes
 
 
 def cmd_login(args: argparse.Namespace) -> int:
-    from mcprl.mcp import login
+    from mcprl.mcp import SECRET_ENV, login
 
     options = {"scope": args.scope, "open_browser": not args.no_browser, "port": args.port,
-               "timeout": args.timeout}  # fmt: skip
+               "timeout": args.timeout, "client_id": args.client_id,
+               "client_secret": os.environ.get(SECRET_ENV) if args.client_id else None,
+               "client_metadata_url": args.client_metadata_url}  # fmt: skip
     anyio.run(lambda: login(args.server, **options))
     return 0
 

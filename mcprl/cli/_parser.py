@@ -181,6 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
     li.add_argument(
         "--timeout", type=float, default=300.0, help="seconds to wait for the login (default 300)"
     )
+    li.add_argument(
+        "--client-id",
+        help="a client registered beforehand with the server's authorization server (default: "
+        "mcprl registers itself); a confidential client's secret comes from "
+        "$MCPRL_OAUTH_CLIENT_SECRET, and --port must match its redirect URI",
+    )
+    li.add_argument(
+        "--client-metadata-url",
+        metavar="URL",
+        help="an HTTPS URL of mcprl's client ID metadata document, for servers that take one "
+        "instead of registration",
+    )
     li.set_defaults(func=cmd_login)
 
     lo = sub.add_parser("logout", help="forget the tokens `mcprl login` kept for a server")

@@ -16,7 +16,11 @@ from urllib.parse import parse_qs, urlparse
 import anyio
 import anyio.abc
 from mcp.client.auth import OAuthClientProvider
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
+from mcp.shared.auth import (
+    AuthorizationCodeResult,
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+)
 
 from mcprl.errors import ServerSpecError
 from mcprl.mcp._auth import TokenFile
@@ -66,15 +70,32 @@ async def login(
     port: int = 0,
     say: Callable[[str], None] = print,
     timeout: float = 300.0,
+    client_id: str | None = None,
+    client_secret: str | None = None,
+    client_metadata_url: str | None = None,
 ) -> TokenFile:
     """Log in to the server at `url` with the authorization-code flow (PKCE), and store the
     tokens (`TokenFile`). The user approves in a browser; the redirect comes back to a loopback
-    server on 127.0.0.1 (`port`, 0 for any free one)."""
+    server on 127.0.0.1 (`port`, 0 for any free one). mcprl registers itself with the server's
+    authorization server (dynamic client registration) unless given a client registered
+    beforehand (`client_id`, with `client_secret` for a confidential one, and a fixed `port`
+    matching its redirect URI), or a client ID metadata document (`client_metadata_url`, an
+    HTTPS URL) that the server takes instead."""
     spec = ServerSpec.parse(url)
     if spec.url is None:
         raise ServerSpecError(f"{spec.describe()} runs as a command: only servers at a URL log in")
     storage = TokenFile(spec.url)
     async with _Loopback(port) as loopback:
+        if client_id is not None:
+            await storage.set_client_info(
+                OAuthClientInformationFull(
+                    client_id=client_id,
+                    client_secret=client_secret,
+                    redirect_uris=[loopback.redirect_uri],
+                    grant_types=["authorization_code", "refresh_token"],
+                    token_endpoint_auth_method="client_secret_basic" if client_secret else "none",
+                )
+            )
 
         async def redirect(authorization_url: str) -> None:
             opened = open_browser and _open(authorization_url)
@@ -88,7 +109,13 @@ async def login(
                 return await loopback.result()
 
         provider = code_flow(
-            spec.url, storage, loopback.redirect_uri, redirect, callback, scope=scope
+            spec.url,
+            storage,
+            loopback.redirect_uri,
+            redirect,
+            callback,
+            scope=scope,
+            client_metadata_url=client_metadata_url,
         )
         session_spec = spec.model_copy(update={"oauth": None})
         async with open_session(session_spec, auth=provider) as session:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The official MCP conformance suite against mcprl: its client scenarios against mcprl's client
-# (tests/conformance/client.py), and its server scenarios against the example calculator over
+# (tests/conformance/client.py), and its server scenarios against the three example servers over
 # HTTP. Scenarios that do not pass are listed, with why, in tests/conformance/baseline.yml; a
 # new failure or a stale entry fails the run.
 #
@@ -34,19 +34,22 @@ echo "== client scenarios: mcprl's client"
     && client=0 || client=$?
 sed -n '/SUITE SUMMARY/,$p' "$results/client.log"
 
-echo "== server scenarios: the example calculator over HTTP"
-port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$python" "$root/examples/servers/calculator.py" --http "$port" > "$results/server-stderr.log" 2>&1 &
-server_pid=$!
-trap 'kill $server_pid 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-    (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.1
+server=0
+for example in calculator notes catalog; do
+    echo "== server scenarios: the example $example over HTTP"
+    port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$python" "$root/examples/servers/$example.py" --http "$port" > "$results/$example-stderr.log" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 100); do
+        (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.1
+    done
+    "$conformance" server --url "http://127.0.0.1:$port/mcp" --suite all \
+        --expected-failures "$here/baseline.yml" -o "$results/$example" > "$results/$example.log" 2>&1 \
+        || server=$?
+    kill "$server_pid" 2>/dev/null || true
+    sed -n '/=== SUMMARY ===/,$p' "$results/$example.log" | grep -E '^(✓|Total)|Baseline|nexpected|tale'
 done
-"$conformance" server --url "http://127.0.0.1:$port/mcp" --suite all \
-    --expected-failures "$here/baseline.yml" -o "$results/server" > "$results/server.log" 2>&1 \
-    && server=0 || server=$?
-sed -n '/=== SUMMARY ===/,$p' "$results/server.log"
 
 if [ "$client" -ne 0 ] || [ "$server" -ne 0 ]; then
     echo "conformance: a scenario changed against tests/conformance/baseline.yml (client exit $client, server exit $server); see $results/*.log" >&2
