@@ -12,15 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 from mcprl._stats import counts, describe_chains, rate, split_metrics
-from mcprl.rewards import Reward
+from mcprl.rewards import Informative, Reward
 from mcprl.train import GroupsDrawn, RowRecorded, RunEvent
 from mcprl.types import TrajectoryGroup
 
 __all__ = ["Console", "describe_eval"]
 
-_NO_SIGNAL = {
+_NO_SIGNAL: dict[Informative, str] = {
     "reward": "no group had differing rewards",
     "success": "no group had both a success and a failure",
+    "judged": "the judge saw no group with both a success and a failure",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import sys
 import types
+import typing
 
 import pytest
 
@@ -15,7 +16,7 @@ from mcprl.cli._options import QUICK, run_config
 from mcprl.cli._parser import build_parser
 from mcprl.console import alike_warning
 from mcprl.gather import gather_groups, note_turn
-from mcprl.rewards import Reward
+from mcprl.rewards import Informative, Reward
 from mcprl.trackers import CsvTracker, check_trackers, open_trackers
 from mcprl.train import RunConfig, RunSummary
 from mcprl.types import Trajectory, TrajectoryGroup
@@ -245,6 +246,16 @@ def test_the_summary_and_the_eval_table_say_whether_success_moved_beyond_the_noi
     assert "| base | 3 of 24 (12%, 95% CI 4–31%) |" in table
     assert "agent vs base: success +42 points (95% CI" in table
     assert "noise" not in table
+
+
+@pytest.mark.parametrize("informative", typing.get_args(Informative))
+def test_a_step_without_an_update_says_why_under_every_informative_rule(informative):
+    """A RULER run (`judged`) crashed on the step line of its first step without an update."""
+    from mcprl.console import _step_line
+
+    row = {"step": 3, "train/skipped_update": 1.0, "train/groups_drawn": 6.0,
+           "train/groups_tied": 6.0, "train/groups_trained": 0.0}  # fmt: skip
+    assert "no update: " in _step_line(row, 10, informative)
 
 
 def test_success_by_the_number_of_calls_a_task_needs_is_shown_where_lengths_differ(capsys):
