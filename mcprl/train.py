@@ -357,6 +357,9 @@ class TrainingRun:
         self._scope: anyio.CancelScope | None = None
         self._stop = False
         self._dropped: list[Exception] = []  # judge failures since the phase began
+        # what the judge spent: before this start (a resumed run), at the start, at the last row
+        self._spent_before: dict[str, float] = {}
+        self._spent_seen = self._spent_start = Usage()
         # what the run is doing: preparing, evaluation, rollouts, training (for messages)
         self.phase = "preparing"
 
