@@ -190,8 +190,9 @@ def bench_transformers_serve(dtype: str, ks: list[int], tokens: int, repeats: in
         proc.wait(30)
 
 
-def agent_workload(dtype: str, device: str, attempts: int, scenarios: int) -> dict:
-    """One training step's rollouts against the calculator over HTTP; returns the numbers."""
+def agent_workload(dtype: str, device: str, attempts: int, scenarios: int, rounds: int = 1) -> dict:
+    """One training step's rollouts against the calculator over HTTP (`rounds` of them, one
+    after another, timed together); returns the numbers."""
     import mcprl
     from mcprl.collect import collect_groups
     from mcprl.model import Model
@@ -214,9 +215,10 @@ def agent_workload(dtype: str, device: str, attempts: int, scenarios: int) -> di
         asyncio.run(run(99))  # warm-up: first MCP sessions, grammar compilation
         stats = dict(getattr(server.engine, "stats", {}))
         start = time.perf_counter()
-        groups = asyncio.run(run(0))
+        groups = [g for r in range(rounds) for g in asyncio.run(run(r))]
         seconds = time.perf_counter() - start
         after = getattr(server.engine, "stats", {})
+        governor = getattr(server.engine, "governor", None)
     trajectories = [t for g in groups for t in g.trajectories]
     completion = sum(len(c.token_ids) for t in trajectories for c in t.choices)
     calls = sum(len(t.choices) for t in trajectories)
@@ -229,6 +231,8 @@ def agent_workload(dtype: str, device: str, attempts: int, scenarios: int) -> di
         "completion_tokens": completion,
         "forward_passes_or_waves": passes,
         "failed": sum(len(g.exceptions) for g in groups),
+        "threads": governor.threads if governor else torch.get_num_threads(),
+        "thread_changes": governor.changes if governor else 0,
         "engine": {k: after[k] - stats[k] for k in after if isinstance(after[k], (int, float))},
     }
 
@@ -275,6 +279,9 @@ def main() -> None:
     p.add_argument("--compare", metavar="REV", help="--agent: also run mcprl at this revision")
     p.add_argument("--attempts", type=int, default=4, help="--agent: attempts per scenario")
     p.add_argument("--scenarios", type=int, default=4, help="--agent: scenarios")
+    p.add_argument("--rounds", type=int, default=1, help="--agent: timed rounds, in a row")
+    p.add_argument("--threads", type=int,
+                   help="fix torch's CPU threads (default: sized to the free cores)")  # fmt: skip
     p.add_argument("--device", default="auto", help="auto (a GPU where present), cpu or cuda")
     p.add_argument("--profile", type=int, default=0, metavar="TOKENS",
                    help="also profile the server's decode steps (torch.profiler) at the highest "
@@ -285,11 +292,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-transformers-serve", action="store_true")
     args = p.parse_args()
+    if args.threads:
+        from mcprl.serving import fix_threads
+
+        fix_threads(args.threads)
     if args.agent_json:
         import json
 
         print(json.dumps(agent_workload(args.dtypes[0], args.device, args.attempts,
-                                        args.scenarios)))  # fmt: skip
+                                        args.scenarios, args.rounds)))  # fmt: skip
         return
     if args.agent:
         agent_main(args)

@@ -9,6 +9,7 @@ from mcprl.cli._display import say
 from mcprl.errors import UsageError
 
 DTYPES = ["auto", "bfloat16", "float32"]
+BUSY_NOTICE = 0.5  # cores other processes use at start before the run says so
 
 
 def open_backend(args: argparse.Namespace):
@@ -104,13 +105,16 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
         type=int,
-        help="CPU threads for the model (default: $MCPRL_THREADS, else one per physical core); "
-        "on a machine busy with other work, give the cores that are free (e.g. 1)",
+        help="CPU threads for the model (default: $MCPRL_THREADS, else one per physical core, "
+        "fewer while other processes keep cores busy, more as they free up); a number fixes "
+        "the count",
     )
 
 
 def set_threads(args: argparse.Namespace) -> None:
-    """Apply --threads (or MCPRL_THREADS) before a model loads."""
+    """Apply --threads (or MCPRL_THREADS) before a model loads. Without either, the engine
+    sizes its threads to the cores other processes leave free (`mcprl.serving._threads`), and a
+    machine already busy is named here, in one line, with the flag that fixes the count."""
     threads = args.threads
     if threads is None and os.environ.get("MCPRL_THREADS"):
         try:
@@ -119,13 +123,29 @@ def set_threads(args: argparse.Namespace) -> None:
             raise UsageError(
                 f"MCPRL_THREADS={os.environ['MCPRL_THREADS']!r}: must be a whole number"
             ) from None
-    if threads is None:
+    from mcprl.serving import busy_at_start, fix_threads, threads_left
+
+    if threads is not None:
+        if threads < 1:
+            raise UsageError(f"--threads {threads}: must be 1 or more")
+        fix_threads(threads)
         return
-    if threads < 1:
-        raise UsageError(f"--threads {threads}: must be 1 or more")
     import torch
 
-    torch.set_num_threads(threads)
+    device = getattr(args, "device", "auto")
+    if device not in ("auto", "cpu") or (device == "auto" and torch.cuda.is_available()):
+        return
+    busy = busy_at_start()
+    if busy is None or busy[0] < BUSY_NOTICE:
+        return
+    others, cores = busy
+    left = threads_left(others, cores, torch.get_num_threads())
+    torch.set_num_threads(left)
+    say(
+        f"  this machine is busy: other processes use {others:.1f} of its {cores} cores, so "
+        f"the model starts on {left} thread{'s' if left != 1 else ''} and takes more as they "
+        "free up (--threads N fixes the count)"
+    )
 
 
 def quiet_libraries() -> None:

@@ -40,6 +40,7 @@ from mcprl.serving._server import (
     json_body,
     start_server,
 )
+from mcprl.serving._threads import adaptive_threads, busy_at_start, fix_threads, threads_left
 
 __all__ = [
     "CPU_ATTENTION",
@@ -51,14 +52,17 @@ __all__ = [
     "SamplingParams",
     "ServerHandle",
     "adapter_request",
+    "adaptive_threads",
     "allowed_hosts",
     "build_app",
+    "busy_at_start",
     "cache_dir",
     "check_bind",
     "check_model",
     "common_prefix_length",
     "expanded_cache",
     "fail",
+    "fix_threads",
     "json_body",
     "load_model",
     "native_bf16",
@@ -67,6 +71,7 @@ __all__ = [
     "prefix_kv",
     "resolve_model",
     "start_server",
+    "threads_left",
     "torch_dtype",
 ]
 

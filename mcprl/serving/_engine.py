@@ -38,6 +38,7 @@ from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
 from mcprl.serving._models import LoadedModel
 from mcprl.serving._prefix import Continuation, ConversationCache, PrefixCache, prefix_kv
+from mcprl.serving._threads import ThreadGovernor
 
 __all__ = ["Completion", "Engine", "SamplingParams"]
 
@@ -161,6 +162,8 @@ class Engine:
                       "prefill_s": 0.0, "step_s": 0.0, "shared_steps": 0}  # fmt: skip
         self.prefix_cache = PrefixCache() if prefix_cache else None
         self.conversations = ConversationCache() if conversation_cache else None
+        # on CPU, threads follow the cores other processes leave free (mcprl.serving._threads)
+        self.governor = ThreadGovernor.for_device(self.device.type)
         self._worker = threading.Thread(target=self._run, name="mcprl-engine", daemon=True)
         self._worker.start()
 
@@ -265,6 +268,7 @@ class Engine:
                     continue
                 self._pending.append(item)
                 time.sleep(self.batch_wait_s)  # let concurrent requests start together
+            self._poll_threads()
             self._drain_queue()
             with self._model_lock, torch.inference_mode():
                 try:
@@ -293,7 +297,12 @@ class Engine:
                 continue
             self._pending.append(item)
 
+    def _poll_threads(self) -> None:
+        if self.governor is not None:
+            self.governor.poll()
+
     def _run_task(self, task: _Task) -> None:
+        self._poll_threads()  # a training step runs long: start it at the right count
         with self._model_lock:
             try:
                 result = task.fn()
