@@ -341,3 +341,28 @@ def test_a_fresh_adapter_samples_the_base_models_tokens_in_a_batch(engine, tmp_p
     finally:
         engine.unload_adapter("zero@0")
     assert tokens[0] == tokens[1]
+
+
+def test_threads_are_sized_on_the_engine_thread_only(engine):
+    from mcprl.serving._threads import ThreadGovernor
+
+    class Busy:  # another process uses 1.5 of 2 cores
+        cores = 2
+
+        @staticmethod
+        def others() -> float:
+            return 1.5
+
+    before, governor = torch.get_num_threads(), engine.governor
+    engine.governor = ThreadGovernor(most=2, every_s=0, use=Busy())
+    try:
+        engine.poll_threads()  # not the engine's thread: torch's count there would not change
+        assert engine.governor.threads == 2
+        assert engine.run_exclusive(lambda: (engine.poll_threads(), torch.get_num_threads())) == (
+            None,
+            1,
+        )
+        assert engine.governor.threads == 1 and engine.governor.changes == 1
+    finally:
+        engine.run_exclusive(lambda: torch.set_num_threads(before))
+        engine.governor = governor

@@ -164,9 +164,17 @@ class LocalBackend(StoredRuns):
         step = run.step + 1
         server = self._server
 
+        engine = getattr(server, "engine", None)
+
+        def progress(done: int, total: int) -> None:
+            if engine is not None:  # another process may have started: size the threads again
+                engine.poll_threads()
+            if on_progress is not None:
+                on_progress(done, total)
+
         def work() -> dict[str, float]:
             logger.info("training step %d of %s", step, run.served)
-            out = run.trainer.step(groups, config, on_progress)
+            out = run.trainer.step(groups, config, progress)
             started = time.perf_counter()
             run.store.write_checkpoint(step, run.trainer.save, {"metrics": out})
             out["time_checkpoint_s"] = time.perf_counter() - started

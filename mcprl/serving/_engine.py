@@ -268,7 +268,7 @@ class Engine:
                     continue
                 self._pending.append(item)
                 time.sleep(self.batch_wait_s)  # let concurrent requests start together
-            self._poll_threads()
+            self.poll_threads()
             self._drain_queue()
             with self._model_lock, torch.inference_mode():
                 try:
@@ -297,12 +297,16 @@ class Engine:
                 continue
             self._pending.append(item)
 
-    def _poll_threads(self) -> None:
-        if self.governor is not None:
+    def poll_threads(self) -> None:
+        """Size the CPU threads to the cores other processes leave free, if a few seconds have
+        passed since the last look (`mcprl.serving._threads`). Call it on the engine's thread:
+        work run by `run_exclusive` does, between its own pieces (a training step's
+        micro-batches)."""
+        if self.governor is not None and threading.current_thread() is self._worker:
             self.governor.poll()
 
     def _run_task(self, task: _Task) -> None:
-        self._poll_threads()  # a training step runs long: start it at the right count
+        self.poll_threads()  # a training step runs long: start it at the right count
         with self._model_lock:
             try:
                 result = task.fn()
