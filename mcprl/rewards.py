@@ -68,6 +68,7 @@ __all__ = [
     "RewardParts",
     "answer_matches",
     "as_scorer",
+    "call_turns",
     "calls_matched",
     "is_informative",
     "is_success",
@@ -230,6 +231,38 @@ def calls_matched(trajectory: Trajectory, reference: Reference, tool_only: float
                 left.remove(ref.tool)
                 credit += tool_only
     return credit / len(reference.calls)
+
+
+def call_turns(trajectory: Trajectory, reference: Reference) -> list[list[int]]:
+    """Where the attempt stood on the reference's chain of calls at each assistant turn:
+    `[message index, the reference call due (0-based), 1 if the turn made it else 0]`.
+
+    Calls count in the reference's order, each once, with `calls_matched`'s test of arguments.
+    A turn made while a call is due that makes another call, none, or answers, is a miss.
+    Turns after the chain is complete are left out. Calls made for the model (guided attempts)
+    move the chain on like its own. Training reads this from `metadata["call_turns"]` to give
+    each turn credit for the call it made (`TrainConfig.call_credit`)."""
+    calls = reference.calls
+    tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
+    due, out = 0, []
+    for index, message in enumerate(trajectory.messages):
+        if message.get("role") != "assistant" or due >= len(calls):
+            continue
+        start = due
+        for c in message.get("tool_calls") or []:  # several in one turn: each in order counts
+            function = c.get("function") or {}
+            try:
+                args = json.loads(function.get("arguments") or "{}")
+            except json.JSONDecodeError:
+                break
+            ref = calls[due]
+            if function.get("name") != ref.tool or not _args_match(args, ref.arguments, tolerance):
+                break
+            due += 1
+            if due == len(calls):
+                break
+        out.append([index, start, int(due > start)])
+    return out
 
 
 def _reported_result(trajectory: Trajectory, reference: Reference, any_tool: bool = True) -> bool:
@@ -406,6 +439,8 @@ def scorer(
             ref_scores = [p.reward for p in ref_parts]
             for t, p in zip(group.trajectories, ref_parts, strict=True):
                 t.metrics.update(p.metrics())
+                if scenario.reference.calls:
+                    t.metadata["call_turns"] = call_turns(t, scenario.reference)
         ruler_scores = None
         if ruler_weight > 0 and len(group.trajectories) >= 2:
             try:

@@ -143,8 +143,8 @@ def set_threads(args: argparse.Namespace) -> None:
     torch.set_num_threads(left)
     say(
         f"  this machine is busy: other processes use {others:.1f} of its {cores} cores, so "
-        f"the model starts on {left} thread{'s' if left != 1 else ''} and takes more as they "
-        "free up (--threads N fixes the count)"
+        f"mcprl starts on {left} thread{'s' if left != 1 else ''} and takes more as they free "
+        "up (--threads N fixes the count)"
     )
 
 

@@ -223,6 +223,14 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
+        "--call-credit",
+        "train.call_credit",
+        "credit per call: each turn also gets this weight x (made the reference call that was "
+        "due - how often the group's turns did), so the right calls of a chain that failed "
+        "later are not pushed down with it (default {default}: off; benchmarks/RESULTS.md)",
+        group=TRAINING,
+    ),
+    Setting(
         "--updates-per-step",
         "train.updates_per_step",
         "optimizer steps per training step, each on its share of the groups",

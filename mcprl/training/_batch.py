@@ -11,6 +11,15 @@ Agent prompts start alike: every attempt of a step carries the same system promp
 and each sequence's own tail after it; the trainer runs the prefix once and the tails on its
 key/value cache, which is the same computation (same logits, same gradient) at a fraction of the
 tokens.
+
+Credit per call (`call_credit` > 0): an attempt's advantage is one number for all its tokens,
+so an attempt that made the first two calls of a three-call chain and then went wrong is pushed
+down as a whole, the right calls with the wrong one. With references whose calls are known,
+each turn also gets `call_credit x (made - rate)`: `made` is 1 where the turn made the reference
+call that was due (`mcprl.rewards.call_turns`, in order, with the right arguments), and `rate`
+is how often the group's turns that were due that call made it. The tokens of that turn carry
+the attempt's advantage plus this bonus. A group that no attempt solved, which the informative
+filter would skip, trains on these bonuses alone where they differ.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ __all__ = [
     "MicroBatch",
     "Sequence",
     "build_sequences",
+    "call_bonuses",
     "micro_batches",
     "shared_prefix_length",
     "split_by_group",
@@ -42,6 +52,7 @@ class Sequence:
     old_logprobs: list[float]  # aligned with tokens; 0.0 where mask is 0
     advantage: float
     group: int = 0  # the index of its group among the step's groups with signal
+    bonus: list[float] | None = None  # per token, added to `advantage` (credit per call)
 
     @property
     def trained_tokens(self) -> int:
@@ -56,13 +67,17 @@ class BatchStats:
     sequences: int = 0
     trained_tokens: int = 0
     rewards: list[float] = field(default_factory=list)
+    groups_call_credit_only: int = 0  # trained on credit per call alone (no outcome signal)
 
 
 def _extends(prefix: list[int], ids: list[int]) -> bool:
     return len(ids) >= len(prefix) and ids[: len(prefix)] == prefix
 
 
-def _sequences_of(traj: Trajectory, advantage: float) -> list[Sequence]:
+def _sequences_of(
+    traj: Trajectory, advantage: float, bonus: dict[int, float] | None = None
+) -> list[Sequence]:
+    """`bonus`: credit per call, by the message index of the turn that earns it."""
     out: list[Sequence] = []
     current: Sequence | None = None
     for c in traj.choices:
@@ -73,22 +88,40 @@ def _sequences_of(traj: Trajectory, advantage: float) -> list[Sequence]:
             current.tokens = list(c.prompt_token_ids)
             current.mask += [0] * gap
             current.old_logprobs += [0.0] * gap
+            if current.bonus is not None:
+                current.bonus += [0.0] * gap
         else:
             current = Sequence(
                 list(c.prompt_token_ids),
                 [0] * len(c.prompt_token_ids),
                 [0.0] * len(c.prompt_token_ids),
                 advantage,
+                bonus=[0.0] * len(c.prompt_token_ids) if bonus else None,
             )
             out.append(current)
-        _append(current, c)
+        _append(current, c, (bonus or {}).get(c.message_index, 0.0))
     return out
 
 
-def _append(seq: Sequence, c: Choice) -> None:
+def _append(seq: Sequence, c: Choice, bonus: float = 0.0) -> None:
     seq.tokens += c.token_ids
     seq.mask += [1] * len(c.token_ids)
     seq.old_logprobs += list(c.logprobs)
+    if seq.bonus is not None:
+        seq.bonus += [bonus] * len(c.token_ids)
+
+
+def call_bonuses(trajectories: list[Trajectory], weight: float) -> list[dict[int, float]]:
+    """Credit per call for each of a group's attempts: {message index: bonus} (module
+    docstring). Empty where the attempts carry no `call_turns` or every turn did alike."""
+    turns = [t.metadata.get("call_turns") or [] for t in trajectories]
+    made: dict[int, list[int]] = {}
+    for rows in turns:
+        for _, due, hit in rows:
+            made.setdefault(due, []).append(hit)
+    rate = {due: sum(hits) / len(hits) for due, hits in made.items()}
+    out = [{index: weight * (hit - rate[due]) for index, due, hit in rows} for rows in turns]
+    return [{k: v for k, v in b.items() if v != 0.0} for b in out]
 
 
 def build_sequences(
@@ -96,12 +129,14 @@ def build_sequences(
     scale_rewards: ScaleRewards = "group",
     positive_weight: float = 1.0,
     informative: Informative = "reward",
+    call_credit: float = 0.0,
 ) -> tuple[list[Sequence], BatchStats]:
     """Training sequences for every group with signal, and what was left out.
 
     Positive advantages are multiplied by `positive_weight` (after scaling). A group that is
     not informative by `informative` (see `mcprl.curriculum.is_informative`) is skipped, and
-    its rewards take no part in a batch's scale."""
+    its rewards take no part in a batch's scale, unless `call_credit` gives its turns credit
+    that differs (module docstring)."""
     stats = BatchStats()
     sequences: list[Sequence] = []
     usable_of = [
@@ -116,14 +151,18 @@ def build_sequences(
         stats.groups += 1
         stats.trajectories_dropped += len(group.trajectories) - len(usable) + len(group.exceptions)
         stats.rewards += [t.reward for t in usable]
+        bonuses = call_bonuses(usable, call_credit) if call_credit > 0 else [{}] * len(usable)
+        if advantages is None and any(bonuses):
+            advantages = [0.0] * len(usable)
+            stats.groups_call_credit_only += 1
         if advantages is None:
             stats.groups_skipped += 1
             continue
         index = stats.groups - stats.groups_skipped - 1
-        for traj, adv in zip(usable, advantages, strict=True):
+        for traj, adv, bonus in zip(usable, advantages, bonuses, strict=True):
             if adv > 0:
                 adv *= positive_weight
-            for seq in _sequences_of(traj, adv):
+            for seq in _sequences_of(traj, adv, bonus):
                 seq.group = index
                 sequences.append(seq)
     stats.sequences = len(sequences)
@@ -137,7 +176,7 @@ class MicroBatch:
     attention_mask: torch.Tensor  # [b, T]
     loss_mask: torch.Tensor  # [b, T-1], for the predictions of tokens 1..T-1
     old_logprobs: torch.Tensor  # [b, T-1]
-    advantages: torch.Tensor  # [b, 1]
+    advantages: torch.Tensor  # [b, 1], or [b, T-1] per prediction with credit per call
     prefix: torch.Tensor | None = None  # [P]: tokens every sequence starts with, run once
 
 
@@ -195,6 +234,12 @@ def _collate(seqs: list[Sequence], pad_id: int, prefix: int = 0) -> MicroBatch:
     attention = torch.tensor([pad([1] * len(s.tokens), 0) for s in seqs])
     mask = torch.tensor([pad(s.mask, 0) for s in seqs], dtype=torch.float32)[:, 1:]
     old = torch.tensor([pad(s.old_logprobs, 0.0) for s in seqs], dtype=torch.float32)[:, 1:]
-    adv = torch.tensor([[s.advantage] for s in seqs], dtype=torch.float32)
+    if any(s.bonus is not None for s in seqs):  # per token: the attempt's plus its turn's
+        adv = torch.tensor(
+            [pad([s.advantage + b for b in (s.bonus or [0.0] * len(s.tokens))], 0.0) for s in seqs],
+            dtype=torch.float32,
+        )[:, 1:]
+    else:
+        adv = torch.tensor([[s.advantage] for s in seqs], dtype=torch.float32)
     shared = torch.tensor(seqs[0].tokens[:prefix]) if prefix else None
     return MicroBatch(ids, attention, mask, old, adv, shared)

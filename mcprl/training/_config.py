@@ -66,6 +66,13 @@ class TrainConfig(BaseModel):
         "where its reward checks references (`reference`, `both`; benchmarks/RESULTS.md), "
         "the library to `reward`, as ART does",
     )
+    call_credit: float = Field(
+        default=0.0,
+        ge=0,
+        description="credit per call: each turn's tokens also get this weight x (1 if the turn "
+        "made the reference call that was due, else 0, less how often the group's turns due "
+        "that call made it); 0 is off. Needs references with calls (mcprl.training._batch)",
+    )
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     updates_per_step: int = Field(
         default=1,

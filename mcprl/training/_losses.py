@@ -107,7 +107,8 @@ class PolicyLoss:
     def per_token(
         self, new: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(per-token loss, per-token 1.0 where clipping was active); adv is [batch, 1]."""
+        """(per-token loss, per-token 1.0 where clipping was active); adv is [batch, 1], or
+        [batch, T-1] where turns carry credit of their own (`TrainConfig.call_credit`)."""
         raise NotImplementedError
 
 

@@ -112,6 +112,7 @@ class LoraTrainer:
             scale_rewards=config.scale_rewards,
             positive_weight=config.positive_weight,
             informative=config.informative,
+            call_credit=config.call_credit,
         )
         metrics = _reward_metrics(stats)
         if not sequences:
@@ -434,6 +435,7 @@ def _reward_metrics(stats: Any) -> dict[str, float]:
         "groups": float(stats.groups),
         "groups_skipped_fraction": stats.groups_skipped / max(stats.groups, 1),
         "attempts_dropped": float(stats.trajectories_dropped),
+        "groups_call_credit_only": float(stats.groups_call_credit_only),
     }
 
 

@@ -1,0 +1,89 @@
+"""Peak memory and time of one training step, per micro-batch budget, on a run's own groups.
+
+    python benchmarks/step_memory.py RUN_DIR/trajectories/train/0001.jsonl [--budgets 2048 1024]
+
+Each budget (`TrainConfig.token_budget`: padded tokens per micro-batch) runs one
+`LoraTrainer.step` on the stored groups, with a fresh LoRA on SmolLM2-135M, in a process of its
+own, so its peak RSS (`VmHWM`) is its own: the model load, then the step. Reported beside the
+peak: the RSS before the step (the loaded trainer), the step's wall time and micro-batches.
+Everything else is `TrainConfig`'s defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _status(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) / 1e6  # kB -> GB
+    return float("nan")
+
+
+def child(groups_path: str, budget: int, dtype: str, threads: int | None) -> dict:
+    from mcprl.serving import fix_threads, resolve_model
+    from mcprl.training import LoraTrainer, TrainConfig
+    from mcprl.types import read_groups
+
+    if threads:
+        fix_threads(threads)
+    groups = read_groups(groups_path)
+    trainer = LoraTrainer(resolve_model("smollm2-135m"), dtype=dtype, device="cpu")
+    loaded = _status("VmRSS")
+    batches = []
+    started = time.perf_counter()
+    metrics = trainer.step(
+        groups, TrainConfig(token_budget=budget), lambda done, total: batches.append(total)
+    )
+    return {
+        "budget": budget,
+        "loaded_gb": loaded,
+        "peak_gb": _status("VmHWM"),
+        "after_gb": _status("VmRSS"),
+        "seconds": time.perf_counter() - started,
+        "micro_batches": batches[-1] if batches else 0,
+        "sequences": metrics.get("sequences", 0),
+        "trained_tokens": metrics.get("trained_tokens", 0),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("groups", help="a run's stored groups: RUN/trajectories/train/NNNN.jsonl")
+    p.add_argument("--budgets", type=int, nargs="+", default=[2048, 1536, 1024])
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, help="CPU threads (default: one per core)")
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args.groups, args.child, args.dtype, args.threads)))
+        return
+    print(f"groups: {args.groups}; dtype {args.dtype}; threads {args.threads or 'default'}\n")
+    print("| token budget | micro-batches | trainer loaded | peak RSS | after | step s |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for budget in args.budgets:
+        out = subprocess.run(
+            [sys.executable, __file__, args.groups, "--child", str(budget), "--dtype", args.dtype,
+             *(["--threads", str(args.threads)] if args.threads else [])],
+            check=True, capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(
+            f"| {budget} | {r['micro_batches']} | {r['loaded_gb']:.2f} GB | "
+            f"**{r['peak_gb']:.2f} GB** | {r['after_gb']:.2f} GB | {r['seconds']:.1f} |",
+            flush=True,
+        )
+    print(f"\n{r['sequences']:.0f} sequences, {r['trained_tokens']:.0f} trained tokens")
+
+
+if __name__ == "__main__":
+    main()
