@@ -366,3 +366,20 @@ def test_threads_are_sized_on_the_engine_thread_only(engine):
     finally:
         engine.run_exclusive(lambda: torch.set_num_threads(before))
         engine.governor = governor
+
+
+def test_caches_of_an_adapter_a_step_replaces_are_released(engine):
+    class Recorder:
+        def __init__(self):
+            self.dropped = []
+
+        def drop(self, adapter):
+            self.dropped.append(adapter)
+
+    prefix, conversations = engine.prefix_cache, engine.conversations
+    engine.prefix_cache, engine.conversations = Recorder(), Recorder()
+    try:
+        engine.release_caches("agent@3")
+        assert engine.prefix_cache.dropped == ["agent@3"] == engine.conversations.dropped
+    finally:
+        engine.prefix_cache, engine.conversations = prefix, conversations

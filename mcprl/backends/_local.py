@@ -174,6 +174,8 @@ class LocalBackend(StoredRuns):
 
         def work() -> dict[str, float]:
             logger.info("training step %d of %s", step, run.served)
+            if engine is not None:  # what the engine cached for the adapter this step replaces
+                engine.release_caches(run.served)
             out = run.trainer.step(groups, config, progress)
             started = time.perf_counter()
             run.store.write_checkpoint(step, run.trainer.save, {"metrics": out})

@@ -217,6 +217,16 @@ class Engine:
         self._queue.put(task)
         return task.future.result()
 
+    def release_caches(self, adapter: str | None) -> None:
+        """Forget the cached keys and values computed with `adapter` (prompt heads, previous
+        turns). Before a training step: the step replaces that adapter, so they would never be
+        read again, and the memory they hold goes to the step's activations instead."""
+        with self._model_lock:
+            if self.prefix_cache is not None:
+                self.prefix_cache.drop(adapter)
+            if self.conversations is not None:
+                self.conversations.drop(adapter)
+
     def load_adapter(self, name: str, path: str) -> None:
         """Make the LoRA adapter at `path` resident under `name` (see `mcprl.serving._lora`)."""
         with self._model_lock:

@@ -81,11 +81,12 @@ class TrainConfig(BaseModel):
         "(PPO mini-batches: later ones are off-policy, and the clip range applies)",
     )
     token_budget: int = Field(
-        default=2048,
+        default=1024,
         ge=64,
         description="padded tokens per micro-batch (a shared prefix counts once); activation "
-        "memory grows with it: a calculator step on CPU peaked at 6.6 GB with 2048, 11.8 GB with "
-        "4096, and took 30 s against 44 s",
+        "memory grows with it: one calculator step of 49 sequences (5,005 trained tokens) "
+        "peaked at 4.65 GB with 2048 and 2.70 GB with 1024 (benchmarks/step_memory.py); the "
+        "gradient is the same",
     )
     share_prefix: bool = Field(
         default=True,
