@@ -240,8 +240,8 @@ def call_turns(trajectory: Trajectory, reference: Reference) -> list[list[int]]:
     Calls count in the reference's order, each once, with `calls_matched`'s test of arguments.
     A turn made while a call is due that makes another call, none, or answers, is a miss.
     Turns after the chain is complete are left out. Calls made for the model (guided attempts)
-    move the chain on like its own. Training reads this from `metadata["call_turns"]` to give
-    each turn credit for the call it made (`TrainConfig.call_credit`)."""
+    move the chain on like its own. The scorer keeps it, as JSON, in `metadata["call_turns"]`,
+    where training reads it to give each turn credit for its call (`TrainConfig.call_credit`)."""
     calls = reference.calls
     tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
     due, out = 0, []
@@ -440,7 +440,8 @@ def scorer(
             for t, p in zip(group.trajectories, ref_parts, strict=True):
                 t.metrics.update(p.metrics())
                 if scenario.reference.calls:
-                    t.metadata["call_turns"] = call_turns(t, scenario.reference)
+                    # metadata holds scalars (as ART's does): the rows go as JSON text
+                    t.metadata["call_turns"] = json.dumps(call_turns(t, scenario.reference))
         ruler_scores = None
         if ruler_weight > 0 and len(group.trajectories) >= 2:
             try:

@@ -24,6 +24,7 @@ filter would skip, trains on these bonuses alone where they differ.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -114,7 +115,7 @@ def _append(seq: Sequence, c: Choice, bonus: float = 0.0) -> None:
 def call_bonuses(trajectories: list[Trajectory], weight: float) -> list[dict[int, float]]:
     """Credit per call for each of a group's attempts: {message index: bonus} (module
     docstring). Empty where the attempts carry no `call_turns` or every turn did alike."""
-    turns = [t.metadata.get("call_turns") or [] for t in trajectories]
+    turns = [json.loads(t.metadata.get("call_turns") or "[]") for t in trajectories]
     made: dict[int, list[int]] = {}
     for rows in turns:
         for _, due, hit in rows:
