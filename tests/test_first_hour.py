@@ -98,22 +98,6 @@ def test_a_bad_sampling_flag_fails_in_one_line_before_any_work(command, tmp_path
     assert not (tmp_path / "calculator").exists()  # nothing evaluated, nothing written
 
 
-def test_threads_come_from_the_flag_or_the_environment(monkeypatch):
-    import torch
-
-    from mcprl.cli._machine import set_threads
-
-    before = torch.get_num_threads()
-    try:
-        set_threads(build_parser().parse_args(["serve", "--threads", "1"]))
-        assert torch.get_num_threads() == 1
-        monkeypatch.setenv("MCPRL_THREADS", "many")
-        with pytest.raises(ValueError, match="MCPRL_THREADS='many': must be a whole number"):
-            set_threads(build_parser().parse_args(["serve"]))
-    finally:
-        torch.set_num_threads(before)
-
-
 def test_autorl_checks_its_options_before_writing_anything(tmp_path, capsys):
     code = main(["autorl", "Summarise a paragraph.", "--val-attempts", "1", "--path",
                  str(tmp_path), "-q"])  # fmt: skip

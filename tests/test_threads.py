@@ -16,6 +16,7 @@ from mcprl.serving._threads import CoreUse, ThreadGovernor, threads_left
 @pytest.fixture(autouse=True)
 def _restore_threads():
     before, fixed = torch.get_num_threads(), _threads._fixed
+    _threads._fixed = None  # as a fresh process: an earlier test may have fixed a count
     yield
     torch.set_num_threads(before)
     _threads._fixed = fixed
