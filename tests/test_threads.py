@@ -15,11 +15,11 @@ from mcprl.serving._threads import CoreUse, ThreadGovernor, threads_left
 
 @pytest.fixture(autouse=True)
 def _restore_threads():
-    before, fixed = torch.get_num_threads(), _threads._fixed
-    _threads._fixed = None  # as a fresh process: an earlier test may have fixed a count
+    before, fixed, most = torch.get_num_threads(), _threads._fixed, _threads._most
+    _threads._fixed = _threads._most = None  # as a fresh process: earlier tests may have set them
     yield
     torch.set_num_threads(before)
-    _threads._fixed = fixed
+    _threads._fixed, _threads._most = fixed, most
 
 
 class _Use:
@@ -108,7 +108,9 @@ def test_a_busy_machine_at_start_is_named_with_the_flag_that_fixes_the_count(mon
     assert "other processes use 1.7 of its 2 cores" in out
     assert "1 thread " in out and "--threads N" in out
     assert torch.get_num_threads() == 1
-    assert _threads.adaptive_threads()  # it takes threads back later
+    assert _threads.adaptive_threads()  # it takes threads back later, up to the default
+    governor = ThreadGovernor.for_device("cpu")
+    assert governor is not None and (governor.threads, governor.most) == (1, 2)
 
     monkeypatch.setattr("mcprl.serving.busy_at_start", lambda: (0.1, 2))
     set_threads(_args())

@@ -9,7 +9,6 @@ from mcprl.cli._display import say
 from mcprl.errors import UsageError
 
 DTYPES = ["auto", "bfloat16", "float32"]
-BUSY_NOTICE = 0.5  # cores other processes use at start before the run says so
 
 
 def open_backend(args: argparse.Namespace):
@@ -123,7 +122,7 @@ def set_threads(args: argparse.Namespace) -> None:
             raise UsageError(
                 f"MCPRL_THREADS={os.environ['MCPRL_THREADS']!r}: must be a whole number"
             ) from None
-    from mcprl.serving import busy_at_start, fix_threads, threads_left
+    from mcprl.serving import busy_at_start, fix_threads, start_with, threads_left
 
     if threads is not None:
         if threads < 1:
@@ -136,11 +135,13 @@ def set_threads(args: argparse.Namespace) -> None:
     if device not in ("auto", "cpu") or (device == "auto" and torch.cuda.is_available()):
         return
     busy = busy_at_start()
-    if busy is None or busy[0] < BUSY_NOTICE:
+    if busy is None:
         return
     others, cores = busy
     left = threads_left(others, cores, torch.get_num_threads())
-    torch.set_num_threads(left)
+    if left == torch.get_num_threads():
+        return
+    start_with(left)
     say(
         f"  this machine is busy: other processes use {others:.1f} of its {cores} cores, so "
         f"mcprl starts on {left} thread{'s' if left != 1 else ''} and takes more as they free "

@@ -40,7 +40,13 @@ from mcprl.serving._server import (
     json_body,
     start_server,
 )
-from mcprl.serving._threads import adaptive_threads, busy_at_start, fix_threads, threads_left
+from mcprl.serving._threads import (
+    adaptive_threads,
+    busy_at_start,
+    fix_threads,
+    start_with,
+    threads_left,
+)
 
 __all__ = [
     "CPU_ATTENTION",
@@ -71,6 +77,7 @@ __all__ = [
     "prefix_kv",
     "resolve_model",
     "start_server",
+    "start_with",
     "threads_left",
     "torch_dtype",
 ]

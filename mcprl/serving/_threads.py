@@ -34,6 +34,7 @@ __all__ = [
     "adaptive_threads",
     "busy_at_start",
     "fix_threads",
+    "start_with",
     "threads_left",
 ]
 
@@ -41,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 BUSY = 0.5  # cores that others must use before a thread is given up
 _fixed: int | None = None
+_most: int | None = None  # the count to grow back to, where a busy start began with fewer
 
 
 def fix_threads(count: int) -> None:
@@ -49,6 +51,16 @@ def fix_threads(count: int) -> None:
 
     global _fixed
     _fixed = count
+    torch.set_num_threads(count)
+
+
+def start_with(count: int) -> None:
+    """Begin with `count` threads (a busy machine at start); engines grow back to torch's
+    default count as cores free up."""
+    import torch
+
+    global _most
+    _most = _most or torch.get_num_threads()
     torch.set_num_threads(count)
 
 
@@ -125,7 +137,8 @@ class ThreadGovernor:
             return None
         import torch
 
-        governor = cls(torch.get_num_threads())
+        governor = cls(_most or torch.get_num_threads())
+        governor.threads = torch.get_num_threads()
         return governor if governor.use.others() is not None else None
 
     def want(self, others: float) -> int:
