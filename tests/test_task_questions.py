@@ -15,7 +15,12 @@ from mcprl.mcp import ToolInfo, open_session
 from mcprl.scenarios import build_grounded
 from mcprl.scenarios._parse import parse_result
 from mcprl.scenarios._questions import records_questions
-from mcprl.scenarios._screen import answer_problem, is_meta_tool, leaks_secret
+from mcprl.scenarios._screen import (
+    answer_problem,
+    is_meta_tool,
+    leaks_secret,
+    undescribed_arguments,
+)
 
 SERVERS = Path(__file__).resolve().parent / "servers"
 PY = sys.executable
@@ -130,6 +135,29 @@ def test_meta_tools_are_told_from_data_tools(name, description, meta):
     assert is_meta_tool(tool) is meta
 
 
+@pytest.mark.parametrize(
+    ("schema", "unfillable"),
+    [
+        ({"requests": {"type": "array", "items": {"type": "object"}}}, ["requests"]),
+        ({"requests": {"type": "array", "items": {"$ref": "#/$defs/Free"}}}, ["requests"]),
+        ({"options": {"anyOf": [{"type": "object"}, {"type": "null"}]}}, ["options"]),
+        ({"requests": {"type": "array", "items": {"$ref": "#/$defs/Request"}}}, []),
+        ({"filter": {"type": "object", "examples": [{"status": "open"}]}}, []),
+        ({"name": {"type": "string"}, "tags": {"type": "array"}}, []),
+    ],
+)
+def test_arguments_no_user_would_fill_are_found(schema, unfillable):
+    """An object whose fields the schema does not name gets `{}` from any sampler: no task."""
+    defs = {
+        "Free": {"type": "object", "additionalProperties": True},
+        "Request": {"type": "object", "properties": {"value": {"type": "number"}}},
+    }
+    input_schema = {"type": "object", "properties": schema, "required": list(schema),
+                    "$defs": defs}  # fmt: skip
+    tool = ToolInfo(name="convert_batch", description="", input_schema=input_schema)
+    assert undescribed_arguments(tool) == unfillable
+
+
 def test_secrets_and_machine_paths_are_recognised(monkeypatch):
     monkeypatch.setenv("MCPRL_TEST_API_TOKEN", "tok-5e3f0a9c1d")
     assert leaks_secret("the value is tok-5e3f0a9c1d")
@@ -151,6 +179,8 @@ async def test_a_tracker_gets_questions_about_its_data_and_never_its_call_log(mo
     scenarios, report = await build_grounded(spec, 8, seed=0)
     assert report.built == 8
     assert {"get_call_log", "get_settings"} <= set(report.meta_tools)
+    assert report.unfillable_tools == ["count_batch"]
+    assert "count_batch" in report.describe()
     dumped = scenarios.dumps()
     assert "tok-5e3f0a9c1d" not in dumped and "PATH=" not in dumped
     for s in scenarios:

@@ -51,7 +51,13 @@ from mcprl.scenarios._sampling import (
     listed_name,
     singular,
 )
-from mcprl.scenarios._screen import answer_problem, is_meta_tool, leaks_secret, server_paths
+from mcprl.scenarios._screen import (
+    answer_problem,
+    is_meta_tool,
+    leaks_secret,
+    server_paths,
+    undescribed_arguments,
+)
 from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
 
 __all__ = ["GenerationReport", "build_grounded", "grounded_scenarios"]
@@ -93,6 +99,8 @@ class GenerationReport:
     rejected: Counter = field(default_factory=Counter)  # reason -> candidates
     skipped_tools: list[str] = field(default_factory=list)  # writing tools left uncalled
     meta_tools: list[str] = field(default_factory=list)  # about the server, not the user's data
+    # tools whose required arguments are objects the schema does not describe
+    unfillable_tools: list[str] = field(default_factory=list)
     last_error: str | None = None
 
     def describe(self) -> str:
@@ -105,6 +113,11 @@ class GenerationReport:
             text += (
                 f". Not practice material (logs, echoes, demos, the environment, results that "
                 f"change with each call): {', '.join(self.meta_tools)}"
+            )
+        if self.unfillable_tools:
+            text += (
+                f". Not called, as their arguments are objects whose fields the schema does not "
+                f"name: {', '.join(self.unfillable_tools)}"
             )
         if self.skipped_tools:
             text += (
@@ -712,13 +725,20 @@ async def build_grounded(
             )
     meta = [t for t in tools if is_meta_tool(t)]
     report.meta_tools = [t.name for t in meta]
-    tools = [t for t in tools if t not in meta]
+    report.unfillable_tools = [t.name for t in tools if t not in meta and undescribed_arguments(t)]
+    tools = [t for t in tools if t not in meta and t.name not in report.unfillable_tools]
     if not tools:
+        why = []
+        if report.meta_tools:
+            why.append(f"{', '.join(report.meta_tools)} tell about the server or the session "
+                       "(logs, echoes, demos, the environment)")  # fmt: skip
+        if report.unfillable_tools:
+            why.append(f"{', '.join(report.unfillable_tools)} take objects whose fields the "
+                       "schema does not name")  # fmt: skip
+        if report.skipped_tools:
+            why.append(f"{', '.join(report.skipped_tools)} may write")
         raise ScenarioGenerationError(
-            f"{info.name!r} has no tool that reads the user's data: "
-            f"{', '.join(report.meta_tools)} tell about the server or the session (logs, "
-            "echoes, demos, the environment)"
-            + (f", and {', '.join(report.skipped_tools)} may write" if report.skipped_tools else "")
+            f"{info.name!r} has no tool that reads the user's data: " + "; ".join(why)
         )
     rng = random.Random(seed)
     gen = _Generator(server, tools, rng, info, report, session_options)

@@ -7,6 +7,9 @@
 - `leaks_secret(text)`: the environment (a `NAME=value` dump, a variable's value), a credential
   or token, or a path under the user's home that the user did not give the server. Such text
   is never a task, an answer or an argument, and a result that holds it is never kept.
+- `undescribed_arguments(tool)`: required arguments that take objects whose fields the schema
+  does not name (`{"type": "object"}` alone, or an array of them). Nothing a user would say can
+  be drawn for them: a sampler fills them with `{}`, and the task reads "For requests [{}], ...".
 - `answer_problem(answer, task, arguments)`: why a value makes a poor answer (an echo of the
   task's words or arguments, a dump, a timestamp, a random id), or None.
 """
@@ -21,7 +24,13 @@ from typing import Any
 
 from mcprl.mcp import ServerSpec, ToolInfo, name_words
 
-__all__ = ["answer_problem", "is_meta_tool", "leaks_secret", "server_paths"]
+__all__ = [
+    "answer_problem",
+    "is_meta_tool",
+    "leaks_secret",
+    "server_paths",
+    "undescribed_arguments",
+]
 
 _META_NAME_WORDS = {
     "echo", "debug", "logging", "ping", "health", "healthcheck", "version", "env",
@@ -40,6 +49,36 @@ _META_DESCRIPTION = re.compile(
     r"(?:tiny|sample)\s+(?:\w+\s+)?image|resource\s+(?:links?|reference))\b",
     re.IGNORECASE,
 )
+
+
+def undescribed_arguments(tool: ToolInfo) -> list[str]:
+    """The required arguments of `tool` that take objects with no named fields (or arrays of
+    them), and no example to copy: arguments no practice task can give a value a user would."""
+    schema = tool.input_schema or {}
+    defs = schema.get("$defs", schema.get("definitions", {})) or {}
+
+    def resolve(prop: Any) -> dict:
+        prop = prop if isinstance(prop, dict) else {}
+        ref = prop.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/"):
+            return defs.get(ref.rsplit("/", 1)[-1], {}) or {}
+        return prop
+
+    def undescribed(prop: Any) -> bool:
+        prop = resolve(prop)
+        if prop.get("examples") or "enum" in prop or "const" in prop or "default" in prop:
+            return False
+        options = prop.get("anyOf") or prop.get("oneOf")
+        if options:
+            real = [o for o in options if resolve(o).get("type") != "null"]
+            return bool(real) and all(undescribed(o) for o in real)
+        kind = prop.get("type")
+        if kind == "array":
+            return undescribed(prop.get("items") or {})
+        return kind == "object" and not prop.get("properties")
+
+    props = schema.get("properties") or {}
+    return [name for name in schema.get("required", []) if undescribed(props.get(name, {}))]
 
 
 # a log is data (git's commit log) unless it logs calls or requests

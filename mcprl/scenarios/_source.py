@@ -45,7 +45,7 @@ async def grounded_with_notes(
     scenarios, report = await build_grounded(
         server, n, seed=seed, info=info, allow_writes=allow_writes, progress=progress
     )
-    if report.skipped_tools or report.built < n or report.rejected:
+    if report.skipped_tools or report.unfillable_tools or report.built < n or report.rejected:
         say(f"  {report.describe()}")
     if report.built < n:
         say(f"  warning: kept the {report.built} scenarios built, fewer than the {n} asked")

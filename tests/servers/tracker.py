@@ -62,6 +62,13 @@ def check_notifications(username: str) -> str:
 
 
 @server.tool()
+def count_batch(requests: list[dict]) -> str:
+    """Count a batch of requests (free-form objects, like unit-converter-mcp's `convert_batch`)."""
+    _log("count_batch")
+    return json.dumps({"total": len(requests)})
+
+
+@server.tool()
 def create_task(title: str, assignee: str) -> str:
     """Create a task."""
     _log("create_task", title=title)
