@@ -35,7 +35,7 @@ from mcprl.collect import (
 from mcprl.errors import UsageError
 from mcprl.rewards import ReferenceReward, reward_parts
 from mcprl.rollout import RolloutConfig
-from mcprl.scenarios import Scenario
+from mcprl.scenarios import Scenario, ScenarioSet
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
@@ -213,8 +213,9 @@ async def eval_scenarios(
     backend: Backend,
     project: str,
     split: str = "val",
-) -> list[Scenario]:
-    """The scenarios to evaluate on: a file, else the first named run's, else the bundled set."""
+) -> tuple[list[Scenario], ScenarioSet]:
+    """The scenarios to evaluate on, and the whole set they come from (which decides the tools
+    offered, `hidden_writers`): a file, else the first named run's, else the bundled set."""
     from mcprl.scenarios import ScenarioSet, bundled_scenarios
 
     scenarios = ScenarioSet.load(given) if given else None
@@ -235,7 +236,7 @@ async def eval_scenarios(
     chosen = list(scenarios) if split == "all" else [s for s in scenarios if s.split == split]
     if not chosen:
         raise UsageError(f"{where} has no scenarios in the {split!r} split; try `split=all`")
-    return chosen
+    return chosen, scenarios
 
 
 async def backend_models(

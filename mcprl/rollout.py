@@ -187,6 +187,17 @@ class RolloutConfig(BaseModel):
     sampling_api_base: str | None = Field(
         default=None, description="OpenAI-compatible base URL for sampling_model"
     )
+    allow_writes: bool = Field(
+        default=False,
+        description="offer the agent every tool that may change the server's data (and let "
+        "generated scenarios call them); by default a writing tool is offered only where some "
+        "scenario of the set calls it in its reference (`mcprl.scenarios.hidden_writers`)",
+    )
+    hidden_tools: list[str] = Field(
+        default_factory=list,
+        description="server tools the agent is not offered: `train` and `eval` set it to the "
+        "writing tools no scenario of the set calls, unless allow_writes",
+    )
     guided_calls: int = Field(
         default=0,
         ge=0,
@@ -269,6 +280,7 @@ async def rollout(
                 name=t.name, description=t.description or "", input_schema=dict(t.input_schema)
             )
             for t in await session.list_tools()
+            if t.name not in config.hidden_tools
         ]
         by_name = {t.name: t for t in mcp_tools}
         if config.first_tool is not None and config.first_tool not in by_name:

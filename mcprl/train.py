@@ -72,7 +72,7 @@ from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel, policy_client
 from mcprl.rewards import ReferenceReward, Reward, RewardFn
 from mcprl.rollout import RolloutConfig
-from mcprl.scenarios import Scenario, ScenarioSet
+from mcprl.scenarios import Scenario, ScenarioSet, hidden_writers
 from mcprl.tokens import check_token_data
 from mcprl.training import LoraConfig, TrainConfig
 from mcprl.types import TrajectoryGroup
@@ -380,6 +380,26 @@ class TrainingRun:
 
     # -- preflight -----------------------------------------------------------------------------
 
+    def _offer_tools(self, info: ServerInfo) -> None:
+        """Hide the tools that may change the server's data and that no scenario calls (unless
+        --allow-writes), and say which the agent may still call."""
+        rollout = self.config.rollout
+        hidden = hidden_writers(info.tools, self.scenarios, rollout.allow_writes)
+        self.config.rollout = rollout.model_copy(update={"hidden_tools": hidden})
+        if hidden:
+            self.say(
+                f"  the agent is not offered {len(hidden)} tools that may change the server's "
+                f"data and that no task calls ({', '.join(hidden)}): `allow_writes=True` "
+                "offers them"
+            )
+        offered = [t.name for t in writing_tools(info.tools) if t.name not in hidden]
+        if offered:
+            self.say(
+                f"  note: {len(offered)} of its tools may change the server's data "
+                f"({', '.join(offered)}), and the agent may call them while it practises: "
+                "train against a disposable copy of the server's data"
+            )
+
     async def prepare(
         self,
         scenarios: ScenarioSet | str | Path | None = None,
@@ -396,14 +416,9 @@ class TrainingRun:
         if self.server is not None:
             self.info = await inspect_server(self.server)
             self.say(f"✓ server {self.info.name}: {len(self.info.tools)} tools")
-            writers = writing_tools(self.info.tools)
-            if writers:
-                self.say(
-                    f"  note: {len(writers)} of its tools may change the server's data "
-                    f"({', '.join(t.name for t in writers)}), and the agent may call them while "
-                    "it practises: train against a disposable copy of the server's data"
-                )
         self.scenarios = await self._resolve_scenarios(scenarios, make_scenarios)
+        if self.info is not None:
+            self._offer_tools(self.info)
         self.reward = self._resolve_reward()
         await self.model.register(self.backend)
         step = self.model.step

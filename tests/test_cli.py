@@ -162,7 +162,7 @@ def test_a_logged_phase_writes_a_line_when_it_starts_and_one_when_it_ends(capsys
 # `mcprl train` options that are not settings of the run (RunConfig): how to reach the server,
 # where its scenarios come from, which backend runs it and how, and what is displayed
 _NOT_RUN_SETTINGS = {
-    "-h", "--header", "--scenarios", "-n", "--generator", "--allow-writes", "--path", "--quick",
+    "-h", "--header", "--scenarios", "-n", "--generator", "--path", "--quick",
     "--dtype", "--device", "--threads", "--backend", "--api-key", "--vllm-url", "--vllm-sleep",
     "--trainer", "-q", "--oauth-client-id", "--oauth-scope", "--oauth-issuer",
 }  # fmt: skip

@@ -166,6 +166,21 @@ async def test_invalid_tool_names_and_arguments_become_error_messages(calculator
     assert t.metrics["tool_errors"] == 4 and t.metrics["completed"] == 1
 
 
+async def test_hidden_tools_are_neither_offered_nor_callable(calculator):
+    policy = ScriptedPolicy(
+        reply(call("divide", {"a": 42, "b": 1})),
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("complete_task", {"answer": 42})),
+    )
+    config = RolloutConfig(max_turns=3, turn_budget="fixed", hidden_tools=["divide"])
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
+    names = [tool["function"]["name"] for tool in t.tools]
+    assert "divide" not in names and "multiply" in names
+    assert policy.requests[0]["tools"] == t.tools
+    tool_texts = [m["content"] for m in t.messages if m["role"] == "tool"]
+    assert "no tool named 'divide'" in tool_texts[0] and tool_texts[1] == '{"result": 42.0}'
+
+
 async def test_the_turn_budget_holds(calculator):
     policy = ScriptedPolicy(reply(call("add", {"a": 1, "b": 1})))
     config = RolloutConfig(max_turns=3, turn_budget="fixed")

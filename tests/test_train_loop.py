@@ -13,6 +13,8 @@ from mcprl.train import RunConfig, TrainingRun
 from tests.fakes import FakeBackend
 from tests.helpers import LocalChatServer, chat_completion
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "scenarios"
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -133,10 +135,26 @@ async def test_groups_are_judged_concurrently_and_kept_in_order():
 
 
 @pytest.mark.anyio
-async def test_a_server_with_writing_tools_is_named_before_training(tmp_path):
-    said: list[str] = []
-    run = TrainingRun(RunConfig(), "example:notes", FakeBackend(tmp_path), say=said.append)
-    with pytest.raises(PreflightError):  # no scenarios given: stops after the server check
-        await run.prepare()
-    note = next(line for line in said if "may change the server's data" in line)
-    assert "(create_note, update_note, delete_note)" in note and "disposable copy" in note
+@pytest.mark.parametrize("allow_writes", [False, True])
+async def test_writing_tools_no_task_calls_are_not_offered_unless_allowed(tmp_path, allow_writes):
+    """The notes tasks that only read: the agent gets no tool that could change the notes,
+    unless --allow-writes; the tasks that write offer the writing tools they call."""
+    notes = ScenarioSet.load(EXAMPLES / "notes.jsonl")
+    writes = {"create_note", "update_note", "delete_note"}
+    reading = ScenarioSet([s for s in notes if not {c.tool for c in s.reference.calls} & writes])
+    assert 0 < len(reading) < len(notes)
+    for scenarios, hidden in ((notes, []), (reading, [] if allow_writes else sorted(writes))):
+        said: list[str] = []
+        config = RunConfig()
+        config.rollout.allow_writes = allow_writes
+        run = TrainingRun(config, "example:notes", FakeBackend(tmp_path / str(len(scenarios))),
+                          say=said.append)  # fmt: skip
+        await run.prepare(scenarios)
+        assert sorted(run.config.rollout.hidden_tools) == hidden
+        note = [line for line in said if "may change the server's data" in line]
+        if hidden:
+            assert "not offered 3 tools" in note[0] and "`allow_writes=True`" in note[0]
+            assert len(note) == 1
+        else:
+            assert "(create_note, update_note, delete_note)" in note[-1]
+            assert "disposable copy" in note[-1]

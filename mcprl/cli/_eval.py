@@ -23,7 +23,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         evaluate_models,
         format_table,
     )
+    from mcprl.mcp import inspect_server
     from mcprl.model import LiteLLMModel
+    from mcprl.scenarios import hidden_writers
     from mcprl.train import local_judge
     from ruler import Judge
 
@@ -31,10 +33,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     config = rollout_config(args)
 
     async def run(backend: Any) -> tuple[str, Path]:
-        scenarios = await eval_scenarios(
+        nonlocal config
+        scenarios, whole = await eval_scenarios(
             args.scenarios, args.server, args.models, backend=backend, project=project,
             split=args.split,
         )  # fmt: skip
+        info = await inspect_server(args.server)  # the tools a training run on the set offers
+        hidden = hidden_writers(info.tools, whole, config.allow_writes)
+        config = config.model_copy(update={"hidden_tools": hidden})
         models = await backend_models(
             args.models, backend, project=project, base_model=args.base_model,
             api_base=args.api_base,

@@ -98,6 +98,14 @@ ROLLOUT = [
         "",
     ),
     Setting(
+        "--allow-writes",
+        "allow_writes",
+        "offer the agent the tools that may change the server's data even where no task "
+        "calls them, and let generated tasks call them (by default such a tool is hidden "
+        "unless a task's reference calls it); use it against a disposable copy of the data",
+        const=True,
+    ),
+    Setting(
         "--results-as",
         "results_as",
         "a tool result that comes as structured content and as text saying the same is "

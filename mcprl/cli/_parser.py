@@ -209,12 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.add_argument("-n", type=int, default=24, help="scenarios to generate (default 24)")
     tr.add_argument("--generator", help="LiteLLM model that writes scenarios")
-    tr.add_argument(
-        "--allow-writes",
-        action="store_true",
-        help="when scenarios are built on the server, also call tools that may change its "
-        "data (by default only tools that read)",
-    )
     _add_run_options(tr)
     tr.set_defaults(func=cmd_train)
 

@@ -89,7 +89,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     async def make(info: ServerInfo) -> ScenarioSet:
         return await scenarios_for(
             args.server, info, n=args.n, generator=args.generator, seed=config.seed,
-            allow_writes=args.allow_writes, say=say,
+            allow_writes=config.rollout.allow_writes, say=say,
         )  # fmt: skip
 
     with open_backend(args) as backend:

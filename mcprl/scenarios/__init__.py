@@ -6,6 +6,8 @@
 - `reword_tasks`: an LLM rewrites grounded tasks in a user's words; references stay verified.
 - `scenarios_for`: what a run trains on when no file is given (curated, LLM-written or
   grounded).
+- `hidden_writers`: the tools that may change the server's data and that no task of a set
+  calls: the agent is not offered them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from mcprl.scenarios._dedupe import Deduper, normalize
 from mcprl.scenarios._grounded import GenerationReport, build_grounded, grounded_scenarios
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
 from mcprl.scenarios._reword import reword_tasks
-from mcprl.scenarios._source import grounded_with_notes, scenarios_for
+from mcprl.scenarios._source import grounded_with_notes, hidden_writers, scenarios_for
 from mcprl.scenarios._types import (
     Reference,
     ReferenceCall,
@@ -38,6 +40,7 @@ __all__ = [
     "grounded_scenarios",
     "grounded_with_notes",
     "has_reference",
+    "hidden_writers",
     "normalize",
     "reword_tasks",
     "scenarios_for",

@@ -9,18 +9,33 @@ into train and val.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mcprl._defaults import configured_llm
 from mcprl.mcp import writing_tools
 from mcprl.scenarios._grounded import build_grounded
 from mcprl.scenarios._llm import generate_scenarios
-from mcprl.scenarios._types import ScenarioSet, bundled_scenarios
+from mcprl.scenarios._types import Scenario, ScenarioSet, bundled_scenarios
 
-__all__ = ["grounded_with_notes", "scenarios_for"]
+__all__ = ["grounded_with_notes", "hidden_writers", "scenarios_for"]
 
 logger = logging.getLogger(__name__)
+
+
+def hidden_writers(
+    tools: Iterable[Any], scenarios: Iterable[Scenario], allow_writes: bool = False
+) -> list[str]:
+    """The tools an agent practising `scenarios` is not offered: those that may change the
+    server's data (`mcprl.mcp.writing_tools`) and that no scenario's reference calls, unless
+    `allow_writes`. A writing tool some reference calls is one the set's author asked for; the
+    others would only let a model in training change someone's data, and crowd its choices.
+    Decided over the whole set (train and val alike), so training and evaluation offer the
+    same tools."""
+    if allow_writes:
+        return []
+    called = {c.tool for s in scenarios if s.reference is not None for c in s.reference.calls}
+    return [t.name for t in writing_tools(list(tools)) if t.name not in called]
 
 
 async def grounded_with_notes(
