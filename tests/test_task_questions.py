@@ -362,3 +362,13 @@ def test_a_short_text_answers_its_call_unless_it_is_a_header_or_nothing(text, an
     from mcprl.scenarios._grounded import _short_answer
 
     assert _short_answer(text) is answers
+
+
+@pytest.mark.anyio
+async def test_yes_and_no_are_equally_often_right():
+    """Three names can be asked about with "yes" once each, made-up ones with "no" without end:
+    the set keeps them level, so that answering "no" unread is not a winning habit."""
+    scenarios, report = await build_grounded(f"{PY} {SERVERS / 'teams.py'}", 10, seed=0)
+    answers = [s.reference.answer for s in scenarios if "exists" in s.tags]
+    assert answers.count("yes") == 3 and answers.count("no") in (3, 4)
+    assert report.rejected["a yes or no the set has more of"] > 0

@@ -454,9 +454,13 @@ def _choose(
     seed: int,
     paths: tuple[str, ...],
     deduper: Deduper,
+    yes_no: Counter | None = None,
 ) -> tuple[Scenario | None, str]:
     """The first new scenario among the questions, kinds in random order (so that lookups do
-    not crowd out the rest); else None and why the last one was turned down."""
+    not crowd out the rest); else None and why the last one was turned down. `yes_no`: the
+    answers of the set's existence questions so far; one whose answer is already the more
+    common is turned down, so that "no" is never right by habit (made-up names never repeat,
+    real ones do, and the deduplication would leave mostly "no")."""
     # kinds in a weighted random order: existence (a yes or no) comes first less often
     kinds = sorted({q.kind for q in questions})
     kinds.sort(key=lambda k: -(rng.random() ** (1 / (0.4 if k == "exists" else 1.0))))
@@ -468,7 +472,10 @@ def _choose(
         rng.shuffle(same)
         for question in same:
             scenario = _render(steps, question, seed)
-            if leaks_secret(scenario.task, paths):
+            other = "no" if question.answer == "yes" else "yes"
+            if kind == "exists" and yes_no is not None and yes_no[question.answer] > yes_no[other]:
+                why = "a yes or no the set has more of"
+            elif leaks_secret(scenario.task, paths):
                 why = "a secret or a path on this machine in the task"
             elif not _checkable(scenario):
                 why = "an answer no one could check"
@@ -745,6 +752,7 @@ async def build_grounded(
     deduper = Deduper(threshold=0.95)
     await gen.warm_up()
     out: list[Scenario] = []
+    yes_no: Counter = Counter()  # the answers of existence questions kept
     budget = max_attempts if max_attempts is not None else 12 * n
     give_up = max(24, 2 * n)  # attempts without one working first call: the sampler cannot help
     since_new = 0  # attempts since the last scenario kept: the server has no new ones to give
@@ -770,12 +778,14 @@ async def build_grounded(
             if not questions:
                 report.rejected["no question a person would ask of the result"] += 1
                 continue
-            scenario, why = _choose(steps, questions, rng, seed, gen.paths, deduper)
+            scenario, why = _choose(steps, questions, rng, seed, gen.paths, deduper, yes_no)
             if scenario is None:
                 report.rejected[why] += 1
             elif not await gen.stable(steps):
                 report.rejected["results that change between sessions (time, random ids)"] += 1
             else:
+                if "exists" in scenario.tags:
+                    yes_no[scenario.reference.answer] += 1
                 out.append(scenario)
                 since_new = 0
                 if bar is not None:
