@@ -29,9 +29,18 @@ results="$cache/results"
 rm -rf "$results" && mkdir -p "$results"
 
 echo "== client scenarios: mcprl's client"
-"$conformance" client --command "$python $here/client.py" --suite all --timeout 120000 \
-    --expected-failures "$here/baseline.yml" -o "$results/client" > "$results/client.log" 2>&1 \
-    && client=0 || client=$?
+client_suite() {
+    "$conformance" client --command "$python $here/client.py" --suite all --timeout 120000 \
+        --expected-failures "$here/baseline.yml" -o "$results/client" > "$results/client.log" 2>&1
+}
+client_suite && client=0 || client=$?
+# sse-retry times the client's reconnection (500 ms asked, 450-700 ms accepted): on a loaded
+# 2-core machine it came 788 ms late once. A failure is run again once, and said.
+if [ "$client" -ne 0 ]; then
+    mv "$results/client.log" "$results/client-first-try.log"
+    echo "client scenarios failed once ($results/client-first-try.log); running them again"
+    client_suite && client=0 || client=$?
+fi
 sed -n '/SUITE SUMMARY/,$p' "$results/client.log"
 
 server=0
