@@ -785,7 +785,7 @@ class TrainingRun:
         """How the first attempts at `scenario` start (`collect_groups(starts=)`): as the policy
         chooses unless its kind is unsolved; then, at a chain of calls with `guide` on, after
         the reference's first calls (`guided_calls`, drawn by the sampler); else each with a
-        different tool of the server picked by a seeded draw (`explore`)."""
+        different tool the agent is offered, picked by a seeded draw (`explore`)."""
         if not self.sampler.unsolved(scenario):
             return []
         rng = random.Random(seed)
@@ -795,7 +795,8 @@ class TrainingRun:
             n = math.ceil(self.config.guide * attempts)
             return [{"guided_calls": self.sampler.guided_calls(scenario, rng)} for _ in range(n)]
         share = self.config.explore
-        tools = [t.name for t in self.info.tools] if self.info is not None else []
+        hidden = self.config.rollout.hidden_tools  # the agent is not offered these
+        tools = [t.name for t in self.info.tools if t.name not in hidden] if self.info else []
         if share <= 0 or len(tools) < 2:
             return []
         k = min(len(tools), math.ceil(share * attempts))

@@ -492,12 +492,13 @@ def test_a_kind_is_unsolved_until_an_attempt_of_the_policys_own_choosing_solves_
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("explore", [1.0, 0.0])
+@pytest.mark.parametrize(("explore", "hidden"), [(1.0, []), (0.0, []), (1.0, ["divide"])])
 async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_other_tools(
-    tmp_path, explore
+    tmp_path, explore, hidden
 ):
     """The policy always multiplies; the task needs `add`. Once a group of the kind failed, the
-    next one's attempts each start with a different tool, so `add` is tried and succeeds."""
+    next one's attempts each start with a different tool, so `add` is tried and succeeds; a
+    tool the agent is not offered (`hidden_tools`) is never one of them."""
     scenarios = ScenarioSet([_with_call("add0"), _with_call("add1"), _scenario("val")])
     scenarios.scenarios[-1].split = "val"
     calculator = load_example("calculator").server
@@ -510,6 +511,7 @@ async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_othe
         run = TrainingRun(config, calculator, backend, say=said.append, progress=False,
                           observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)
+        run.config.rollout.hidden_tools = hidden
         summary = _summary(run)
         await run._step(summary)
         await run._step(summary)
@@ -520,11 +522,12 @@ async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_othe
     if explore == 0:
         assert solved == [] and backend.rows[1]["train/attempts_explored"] == 0
         return
-    tools = [t.metadata["first_tool"] for t in second[0].trajectories]
-    assert sorted(tools) == sorted(t.name for t in run.info.tools)  # 7 attempts, 7 tools
-    assert solved == ["add"]
-    assert backend.rows[1]["train/attempts_explored"] == 7
-    assert "7 attempts explored" in said[-1]
+    tools = [t.metadata.get("first_tool") for t in second[0].trajectories]
+    offered = sorted(t.name for t in run.info.tools if t.name not in hidden)
+    assert sorted(t for t in tools if t) == offered  # one attempt per tool offered
+    assert solved == ["add"] and backend.rows[1]["train/failed_attempts"] == 0
+    assert backend.rows[1]["train/attempts_explored"] == len(offered)
+    assert f"{len(offered)} attempts explored" in said[-1]
 
 
 @pytest.mark.anyio
