@@ -183,6 +183,7 @@ _MEANS = (
     "reward_calls",
     "reward_reported",
     "repeated_calls",
+    "guessed_answer",
 )
 
 

@@ -22,6 +22,10 @@
   three training seeds it changed held-out val gains from +34.7/+19.4/+2.8 to
   +27.8/+15.3/+8.3 points (benchmarks/RESULTS.md): no better on average, so it is
   not the default. A reference with calls and no answer scores the share of calls made.
+  Where the reference `needs_calls` (every grounded task: its answer is the server's data), a
+  right answer without a successful call of each tool the reference calls is a guess: it scores
+  as a wrong one, and counts in `guessed_answer`. A yes or no, or a small count, is otherwise
+  right by luck often enough to train the habit of answering without looking.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
   reward from references, RULER, or both with weights, and records the parts as metrics
   (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
@@ -303,6 +307,13 @@ def _result_values(text: str, limit: int = 64) -> list[str]:
     return values
 
 
+def _called_tools(trajectory: Trajectory, reference: Reference) -> bool:
+    """The attempt called each tool the reference calls at least once, with a result that is
+    not an error (any arguments)."""
+    called = {name for name, _, text in _made_calls(trajectory) if text is not None}
+    return all(c.tool in called for c in reference.calls)
+
+
 def _repeats(trajectory: Trajectory) -> int:
     seen, repeats = set(), 0
     for name, args, _ in _made_calls(trajectory):
@@ -343,6 +354,11 @@ class RewardParts(BaseModel):
     calls: float = Field(description="share of the reference calls made")
     reported: float = Field(description="1 if the answer is one of the agent's tool results")
     repeated_calls: float = Field(description="calls identical to an earlier one")
+    guessed: float = Field(
+        default=0.0,
+        description="1 if the answer was right but the reference `needs_calls` the attempt "
+        "did not make (it then scores as wrong)",
+    )
     reward: float
 
     def metrics(self) -> dict[str, float]:
@@ -352,6 +368,7 @@ class RewardParts(BaseModel):
             "reward_calls": self.calls,
             "reward_reported": self.reported,
             "repeated_calls": self.repeated_calls,
+            "guessed_answer": self.guessed,
         }
 
 
@@ -370,10 +387,17 @@ def reward_parts(
             answer=0.0, calls=calls, reported=0.0, repeated_calls=repeats, reward=calls
         )
     answer = float(answer_matches(trajectory.final_answer(), ref))
+    guessed = float(bool(answer) and ref.needs_calls and not _called_tools(trajectory, ref))
+    answer -= guessed
     reported = float(_reported_result(trajectory, ref, any_tool=w.report_any_tool))
     reward = 1.0 if answer else w.calls_weight * calls + w.report_weight * reported
     return RewardParts(
-        answer=answer, calls=calls, reported=reported, repeated_calls=repeats, reward=reward
+        answer=answer,
+        calls=calls,
+        reported=reported,
+        repeated_calls=repeats,
+        guessed=guessed,
+        reward=reward,
     )
 
 

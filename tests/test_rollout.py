@@ -427,6 +427,57 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
         ReferenceReward(calls_weight=0.7, report_weight=0.3)
 
 
+def test_a_right_guess_about_the_servers_data_is_not_a_success():
+    """A yes or no is right half the time without looking: where the reference `needs_calls`
+    (grounded tasks), the answer counts only after a good call of each tool it calls."""
+    from mcprl.collect import summarize
+    from mcprl.rewards import reward_parts
+
+    exists = Scenario(
+        id="exists",
+        task='For table "orders", is there a column named "status"?',
+        difficulty=1,
+        reference=Reference(
+            answer="yes",
+            calls=[ReferenceCall(tool="describe_table", arguments={"table_name": "orders"})],
+            needs_calls=True,
+        ),
+    )
+
+    def attempt(calls: list[tuple[str, dict, str]], answer: str) -> Trajectory:
+        messages = [{"role": "user", "content": exists.task}]
+        for name, args, result in calls:
+            c = call(name, args)
+            messages.append({"role": "assistant", "content": None, "tool_calls": [c]})
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
+        return Trajectory(messages=messages, metadata={"final_answer": answer})
+
+    looked = attempt([("describe_table", {"table_name": "orders"}, "id, status")], "yes")
+    other_table = attempt([("describe_table", {"table_name": "items"}, "id, status")], "yes")
+    guessed = attempt([("list_tables", {}, "orders, items")], "yes")
+    failed = attempt([("describe_table", {"table_name": "order"}, "Error: no table")], "yes")
+    wrong = attempt([("describe_table", {"table_name": "orders"}, "id, status")], "no")
+    parts = {n: reward_parts(t, exists) for n, t in locals().items() if isinstance(t, Trajectory)}
+    assert parts["looked"].answer == parts["other_table"].answer == 1.0
+    assert parts["looked"].reward == 1.0 and parts["looked"].guessed == 0.0
+    for name in ("guessed", "failed"):  # no good call of describe_table: a guess
+        assert parts[name].answer == 0.0 and parts[name].guessed == 1.0
+        assert parts[name].reward < 1.0
+    assert parts["guessed"].reward == 0.0  # and the failed call is the right tool: 0.5 * 0.3
+    assert parts["failed"].reward == pytest.approx(0.15)
+    assert parts["wrong"].guessed == 0.0 and parts["wrong"].reward == pytest.approx(0.3)
+    # the success rate counts the guesses out, and says how many there were
+    group = TrajectoryGroup(trajectories=[looked, guessed, failed, wrong], scenario_id="exists")
+    anyio.run(scorer({"exists": exists}), group)
+    summary = summarize([group], [exists])
+    assert summary["success"] == 0.25 and summary["guessed_answer"] == 0.5
+    # the same answers to a task that does not need the calls: the guess counts
+    free = exists.model_copy(
+        update={"reference": exists.reference.model_copy(update={"needs_calls": False})}
+    )
+    assert reward_parts(guessed, free).answer == 1.0
+
+
 def test_reference_answers_numbers_and_text():
     ref = Reference(answer="42.1648128", tolerance=0.001)
     assert answer_matches("About 42.16 km.", ref)

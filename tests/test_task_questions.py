@@ -372,3 +372,5 @@ async def test_yes_and_no_are_equally_often_right():
     answers = [s.reference.answer for s in scenarios if "exists" in s.tags]
     assert answers.count("yes") == 3 and answers.count("no") in (3, 4)
     assert report.rejected["a yes or no the set has more of"] > 0
+    # ... and a right "no" counts only after a look at the data (`Reference.needs_calls`)
+    assert all(s.reference.needs_calls for s in scenarios)

@@ -515,6 +515,7 @@ def _render(steps: list[_Step], question: Question, seed: int) -> Scenario:
             ReferenceCall(tool=s.tool.name, arguments=s.arguments, result=s.result_text)
             for s in steps
         ],
+        needs_calls=True,  # the answer is the server's data: a right guess is not a success
     )
     digest = hashlib.sha256(f"{seed}:{question.text}".encode()).hexdigest()[:10]
     tags = ["grounded", question.kind, *dict.fromkeys(s.tool.name for s in steps)]

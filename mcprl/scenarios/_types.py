@@ -40,6 +40,12 @@ class Reference(BaseModel):
         "None: right to the precision the answer is written in (an integer exactly)",
     )
     calls: list[ReferenceCall] = Field(default_factory=list)
+    needs_calls: bool = Field(
+        default=False,
+        description="a right answer counts only when the attempt also called every tool the "
+        "calls name (any arguments, a result that is not an error): for answers about the "
+        "server's data, which a guess could hit (a yes or no, a small count)",
+    )
 
 
 def has_reference(s: Scenario | None) -> bool:
