@@ -151,7 +151,8 @@ def _written_precision(expected: str) -> float | None:
 
 
 def answer_matches(answer: str | None, reference: Reference) -> bool:
-    """The expected answer appears in `answer`, as text or as a number equal to it as written.
+    """The expected answer appears in `answer`, as words (`_text_matches`: a yes or no also as
+    true or false) or as a number equal to it as written.
 
     A number is right when it equals the reference to the precision the reference is written
     in: an integer exactly ("49" accepts 49 and 49.0, not 49.5), a decimal to half a unit of
@@ -164,12 +165,28 @@ def answer_matches(answer: str | None, reference: Reference) -> bool:
     expected = reference.answer
     half_unit = _written_precision(expected)
     if half_unit is None:
-        return normalize(expected) in normalize(answer)
+        return _text_matches(answer, expected)
     target = float(expected.strip().replace(",", ""))
     if reference.tolerance is not None:
         return any(_close(x, target, reference.tolerance) for x in _numbers(answer))
     slack = half_unit + 1e-9 * max(1.0, abs(target))
     return any(abs(x - target) <= slack for x in _numbers(answer))
+
+
+_POLARITY = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
+
+
+def _text_matches(answer: str, expected: str) -> bool:
+    """`expected` appears in `answer` as whole words, case, accents and punctuation aside
+    ("Ben Ode" is not in "Ben Oder"). A yes or no is right when the answer says that, as "yes"
+    or "true" (or "no" or "false"), and never the other: "True" answers yes, "Yes, or no" does
+    not, and neither does "not" inside another word."""
+    words = normalize(answer).split()
+    wanted = normalize(expected)
+    if wanted in ("yes", "no"):
+        said = {_POLARITY[w] for w in words if w in _POLARITY}
+        return said == {wanted}
+    return f" {wanted} " in f" {' '.join(words)} "
 
 
 def _args_match(actual: Any, expected: Any, tolerance: float) -> bool:

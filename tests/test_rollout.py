@@ -486,6 +486,25 @@ def test_reference_answers_numbers_and_text():
     assert answer_matches("It was Mary Shelley.", Reference(answer="Mary Shelley"))
     assert not answer_matches("It was Percy Shelley.", Reference(answer="Mary Shelley"))
     assert not answer_matches(None, ref)
+    assert not answer_matches("It was Ben Oder.", Reference(answer="Ben Ode"))  # whole words
+
+
+@pytest.mark.parametrize(
+    "answer, expected, right",
+    [
+        ("True", "yes", True),  # what a model whose tools speak JSON says
+        ("Yes, the table has it.", "yes", True),
+        ("false", "no", True),
+        ("There is no such column.", "no", True),
+        ("Yes, or no.", "yes", False),  # both: not an answer
+        ("The column is not there.", "no", False),  # "not" says neither
+        ("Notebook", "no", False),  # nor does a word that starts with one
+        ("I see eyes", "yes", False),
+        ("no", "yes", False),
+    ],
+)
+def test_a_yes_or_no_is_read_as_such(answer, expected, right):
+    assert answer_matches(answer, Reference(answer=expected)) is right
 
 
 def test_a_number_is_right_only_to_the_precision_its_reference_is_written_in():
