@@ -15,7 +15,8 @@ then repeats, up to `steps`:
    drawn by `mcprl.curriculum.ScenarioSampler` (scenarios likely to give differing rewards, from
    the easy end first). At a kind of task tried before that no attempt of the policy's own
    choosing has solved, `explore` of the attempts each start with a tool the loop picks
-   (distinct, seeded), so a tool the policy never tries gets tried;
+   (distinct: the reference's first tool, where known, and a seeded draw of the others), so a
+   tool the policy never tries gets tried;
 2. judging: rewards from RULER, the scenarios' references, or both. A group whose rewards tie
    teaches nothing: another scenario is drawn in its place (dynamic sampling), until the step
    has `groups_per_step` informative groups or has drawn `oversample` times that many (with
@@ -128,7 +129,8 @@ class RunConfig(BaseModel):
         le=1.0,
         description="at a kind of task tried before and never solved by the policy's own "
         "choice, this share of a group's attempts start with a tool the loop picks (each a "
-        "different one); 0 disables",
+        "different one: the reference's first tool where the task has reference calls, then "
+        "a seeded draw); 0 disables",
     )
     guide: float = Field(
         default=0.0,
@@ -785,7 +787,8 @@ class TrainingRun:
         """How the first attempts at `scenario` start (`collect_groups(starts=)`): as the policy
         chooses unless its kind is unsolved; then, at a chain of calls with `guide` on, after
         the reference's first calls (`guided_calls`, drawn by the sampler); else each with a
-        different tool the agent is offered, picked by a seeded draw (`explore`)."""
+        different tool the agent is offered (`explore`): the reference's first tool where the
+        scenario has reference calls, the others by a seeded draw."""
         if not self.sampler.unsolved(scenario):
             return []
         rng = random.Random(seed)
@@ -800,7 +803,11 @@ class TrainingRun:
         if share <= 0 or len(tools) < 2:
             return []
         k = min(len(tools), math.ceil(share * attempts))
-        return [{"first_tool": tool} for tool in rng.sample(tools, k)]
+        # the reference's first tool, where the scenario names one, is always among them: a
+        # random share of git's 7 tools left it out of 3 draws in 7
+        first = [chain[0].tool] if chain and chain[0].tool in tools else []
+        others = rng.sample([t for t in tools if t not in first], k - len(first))
+        return [{"first_tool": tool} for tool in first + others]
 
     async def _collect(
         self,
