@@ -411,6 +411,47 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
 
 
 @pytest.mark.slow
+def test_a_long_prefix_under_layer_checkpoints_gives_the_same_gradient(base_path, monkeypatch):
+    """A prefix at or over `checkpoint_prefix` tokens runs each layer under an activation
+    checkpoint (its activations recomputed in the backward pass), in one micro-batch or four;
+    the gradient is the one without."""
+    import torch.utils.checkpoint
+
+    checkpoints = []
+    plain = torch.utils.checkpoint.checkpoint
+
+    def counted(*args, **kwargs):
+        checkpoints.append(1)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counted)
+    grads, layers = [], []
+    for budget, checkpoint_from in ((4096, None), (4096, 16), (64, None), (64, 16)):
+        torch.manual_seed(0)
+        trainer = LoraTrainer(base_path)
+        prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
+        groups = [
+            _on_policy_group(trainer, [*prompt, 21 + g], [[11, 12, 13], [14, 15, 16, 17]], [1, 0])
+            for g in range(2)
+        ]
+        checkpoints.clear()
+        config = TrainConfig(
+            max_grad_norm=None,
+            learning_rate=1e-9,
+            token_budget=budget,
+            checkpoint_prefix=checkpoint_from,
+        )
+        trainer.step(groups, config)
+        layers.append(len(checkpoints))
+        state = trainer.optimizer.state
+        grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
+    depth = trainer.model.config.num_hidden_layers
+    assert layers == [0, depth, 0, depth]  # once per layer, for the prefix only
+    _assert_same_gradient(grads[1], grads[0])
+    _assert_same_gradient(grads[3], grads[2])
+
+
+@pytest.mark.slow
 def test_the_kl_term_runs_the_base_models_prefix_once_with_the_same_gradient(base_path):
     """With --beta, the base model's pass over the shared prefix runs once per update, not once
     per micro-batch, and the gradient (policy and KL terms) is the same as without sharing."""
@@ -493,9 +534,9 @@ def _assert_same_gradient(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def _recording(prefix_pass, ran: list[int]):
-    def record(batches):
+    def record(batches, *args):
         ran.append(len(batches))
-        return prefix_pass(batches)
+        return prefix_pass(batches, *args)
 
     return record
 

@@ -147,7 +147,7 @@ class LoraTrainer:
             before[0] = [None] * len(plan[0][1])
         for (norm, batches), olds in zip(plan, before, strict=True):
             self.optimizer.zero_grad(set_to_none=True)
-            shared = self._prefix_pass(batches)
+            shared = self._prefix_pass(batches, config.checkpoint_prefix)
             ref_kv = self._reference_prefix(batches) if config.beta > 0 else None
             for batch, own in zip(batches, olds, strict=True):
                 if config.old_logprobs == "sampler":
@@ -183,14 +183,18 @@ class LoraTrainer:
         )
         return metrics
 
-    def _prefix_pass(self, batches: list[MicroBatch]) -> _PrefixPass | None:
-        """The prefix the micro-batches of an update share, run once for all of them."""
-        if len(batches) < 2 or batches[0].prefix is None:
-            return None  # one micro-batch runs its prefix itself
+    def _prefix_pass(
+        self, batches: list[MicroBatch], checkpoint_from: int | None = None
+    ) -> _PrefixPass | None:
+        """The prefix the micro-batches of an update share, run once for all of them; with
+        layer checkpoints when it has `checkpoint_from` tokens or more."""
         prefix = batches[0].prefix
+        long = prefix is not None and checkpoint_from is not None and len(prefix) >= checkpoint_from
+        if prefix is None or (len(batches) < 2 and not long):
+            return None  # one micro-batch runs its prefix itself
         assert all(b.prefix is not None and torch.equal(b.prefix, prefix) for b in batches)
         body = self.model.get_base_model().model
-        return _PrefixPass(body, prefix.to(self.device))
+        return _PrefixPass(body, prefix.to(self.device), checkpointed=long)
 
     def _logprobs_before(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
         """Each micro-batch's log-probabilities under the policy as it is, without gradients."""
@@ -447,8 +451,10 @@ class _PrefixPass:
     gradient is the same as running the prefix in every micro-batch, at one prefix's cost.
     """
 
-    def __init__(self, body: Any, prefix: torch.Tensor) -> None:
-        self.outputs = run_prefix(body, prefix)
+    def __init__(self, body: Any, prefix: torch.Tensor, checkpointed: bool = False) -> None:
+        self.outputs = (
+            _checkpointed_prefix(body, prefix) if checkpointed else run_prefix(body, prefix)
+        )
         self.kv = [
             (keys.detach().requires_grad_(keys.requires_grad),
              values.detach().requires_grad_(values.requires_grad))
@@ -465,3 +471,45 @@ class _PrefixPass:
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], grad_tensors=[g for _, g in pairs])
         self.outputs = self.kv = []  # free the graph
+
+
+def _checkpointed_prefix(
+    body: Any, prefix: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`run_prefix` with each decoder layer under torch's (non-reentrant) activation checkpoint:
+    a layer keeps only its input, and the backward pass runs it again for the rest. Keys and
+    values still carry their graph, so gradients reach the prefix as before.
+
+    transformers' own switch (`gradient_checkpointing_enable`) drops the cache that the keys
+    and values are read from, so the layers are switched here, for this pass only, with a cache
+    that hands a replayed layer's keys and values back instead of appending them again."""
+    import torch.utils.checkpoint
+    from transformers import DynamicCache
+
+    class ReplayCache(DynamicCache):
+        filled = False
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if self.filled:  # a layer run again in the backward pass
+                return key_states, value_states
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    layers = list(body.layers)
+    switches = {
+        "gradient_checkpointing": True,
+        "_can_checkpoint_with_cache": True,
+        "_gradient_checkpointing_func": functools.partial(
+            torch.utils.checkpoint.checkpoint, use_reentrant=False
+        ),
+    }
+    cache = ReplayCache()
+    try:
+        for layer in layers:
+            layer.__dict__.update(switches)
+        body(input_ids=prefix[None], past_key_values=cache, use_cache=True)
+    finally:
+        for layer in layers:
+            for name in switches:
+                layer.__dict__.pop(name, None)
+    cache.filled = True
+    return [(layer.keys, layer.values) for layer in cache.layers]
