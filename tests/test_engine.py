@@ -124,6 +124,26 @@ def test_rows_leave_when_done_and_the_batch_goes_on(engine):
     assert all(f.result()[0].finish_reason == "length" for f in futures)
 
 
+def test_an_idle_engine_hands_freed_memory_back_once(engine, monkeypatch):
+    """glibc keeps freed memory in its arenas (a git training process held 6.5 GB there):
+    a second after its last work, the engine trims them, once, and not while it works."""
+    import mcprl.serving._engine as engine_module
+
+    trims = []
+    monkeypatch.setattr(engine_module, "return_freed_memory", lambda: trims.append(1))
+    monkeypatch.setattr(engine, "trim_after_s", 0.2)
+    prompt = _prompt(engine, "Say hello.")
+    engine.submit(prompt, SamplingParams(max_tokens=3, seed=0)).result(timeout=120)
+    deadline = time.monotonic() + 10
+    while not trims and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.6)  # ... and not again while idle
+    assert trims == [1]
+    engine.submit(prompt, SamplingParams(max_tokens=3, seed=1)).result(timeout=120)
+    time.sleep(0.6)
+    assert trims == [1, 1]
+
+
 def test_min_p_rows_draw_only_likely_tokens_and_leave_their_neighbours_alone(engine):
     prompt = _prompt(engine, "Write a strange poem about numbers.")
     free = SamplingParams(max_tokens=24, seed=5, temperature=1.3, ignore_eos=True)

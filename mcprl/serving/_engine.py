@@ -36,6 +36,7 @@ from mcprl.errors import UsageError
 from mcprl.serving._grammar import CanonicalTokens, GrammarFactory, apply_bitmask
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
+from mcprl.serving._memory import return_freed_memory
 from mcprl.serving._models import LoadedModel
 from mcprl.serving._prefix import Continuation, ConversationCache, PrefixCache, prefix_kv
 from mcprl.serving._threads import ThreadGovernor
@@ -164,6 +165,9 @@ class Engine:
         self.conversations = ConversationCache() if conversation_cache else None
         # on CPU, threads follow the cores other processes leave free (mcprl.serving._threads)
         self.governor = ThreadGovernor.for_device(self.device.type)
+        # idle this long after work, the engine returns freed memory to the OS (`_memory`)
+        self.trim_after_s = 1.0
+        self._worked = False
         self._worker = threading.Thread(target=self._run, name="mcprl-engine", daemon=True)
         self._worker.start()
 
@@ -270,7 +274,13 @@ class Engine:
     def _run(self) -> None:
         while True:
             if self._batch is None and not self._pending:
-                item = self._queue.get()
+                try:  # idle: after a second with nothing to do, hand freed memory back
+                    item = self._queue.get(timeout=self.trim_after_s if self._worked else None)
+                except queue.Empty:
+                    return_freed_memory()
+                    self._worked = False
+                    continue
+                self._worked = True
                 if item is None:
                     return
                 if isinstance(item, _Task):
