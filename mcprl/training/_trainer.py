@@ -410,7 +410,6 @@ def load_optimizer_state(directory: str | Path) -> tuple[dict[str, Any], int]:
     )
 
 
-@functools.cache
 def _reward_metrics(stats: Any) -> dict[str, float]:
     rewards = stats.rewards
     mean = sum(rewards) / len(rewards) if rewards else 0.0
