@@ -18,7 +18,10 @@ Five defaults make the loop finishable by a small model (`RolloutConfig`, all sw
   keeps it well-formed, and the reference reward checks exactly that argument;
 - `turn_budget="reference"`: a scenario whose reference lists the calls that solve it gets one
   turn per call plus one to answer (capped by `max_turns`), so a one-call task ends right after
-  its call instead of inviting a wrong second one; other scenarios get `max_turns`;
+  its call instead of inviting a wrong second one; a scenario without reference calls (RULER's
+  normal case) gets one turn per level of its difficulty plus one, as difficulty is defined for
+  the generators (1: a single call; 5: several tools combined), so an attempt at such a task
+  reads the same prompt as at the task with its reference;
 - `look_before_answer`: until the attempt has called a tool, `complete_task` is not allowed
   (OpenAI's `allowed_tools` tool choice; the prompt still lists every tool), so no attempt ends
   with a guess copied from the task;
@@ -122,8 +125,8 @@ class RolloutConfig(BaseModel):
     max_turns: int = Field(default=6, ge=1, description="the most turns an attempt may take")
     turn_budget: Literal["reference", "fixed"] = Field(
         default="reference",
-        description="reference: reference calls + 1 turns where the scenario lists its calls "
-        "(at most max_turns); fixed: max_turns for every scenario",
+        description="reference: reference calls + 1 turns where the scenario lists its calls, "
+        "else difficulty + 1 (at most max_turns); fixed: max_turns for every scenario",
     )
     tool_choice: Literal["required", "auto"] = Field(
         default="required",
@@ -398,10 +401,12 @@ def sampler(config: RolloutConfig) -> Sampler | None:
 
 def turn_budget(scenario: Scenario, config: RolloutConfig) -> int:
     """The turns an attempt at `scenario` gets (see `RolloutConfig.turn_budget`)."""
-    ref = scenario.reference
-    if config.turn_budget == "fixed" or ref is None or not ref.calls:
+    if config.turn_budget == "fixed":
         return config.max_turns
-    return min(config.max_turns, len(ref.calls) + 1)
+    ref = scenario.reference
+    # difficulty 1 is a single call (the generators' scale), so it stands in for the calls
+    calls = len(ref.calls) if ref is not None and ref.calls else scenario.difficulty
+    return min(config.max_turns, calls + 1)
 
 
 def _answer_text(answer: Any) -> str | None:

@@ -22,6 +22,7 @@ from mcprl import (
     write_groups,
 )
 from mcprl.rewards import answer_matches, calls_matched, reference_reward, scorer
+from mcprl.rollout import turn_budget
 from mcprl.scenarios import Reference, ReferenceCall, Scenario
 from tests.helpers import (
     EXAMPLES,
@@ -193,6 +194,21 @@ async def test_the_turn_budget_holds(calculator):
     t = await rollout(MODEL, SCENARIO, calculator, RolloutConfig(max_turns=6), client=policy)
     assert len(policy.requests) == 2 and "You have 2 turns" in t.messages[1]["content"]
     assert policy.requests[-1]["tool_choice"]["function"]["name"] == "complete_task"
+
+
+@pytest.mark.parametrize(("difficulty", "turns"), [(1, 2), (3, 4), (5, 6)])
+async def test_a_task_without_reference_calls_gets_turns_by_its_difficulty(
+    calculator, difficulty, turns
+):
+    # RULER's normal case: no reference, so the budget comes from the difficulty (1: one call)
+    hidden = Scenario(id="h", task="Add 2 and 3.", difficulty=difficulty)
+    policy = ScriptedPolicy(reply(call("add", {"a": 2, "b": 3})))
+    t = await rollout(MODEL, hidden, calculator, RolloutConfig(max_turns=6), client=policy)
+    assert len(policy.requests) == turns and f"You have {turns} turns" in t.messages[1]["content"]
+    assert policy.requests[-1]["tool_choice"]["function"]["name"] == "complete_task"
+    # never past max_turns, and "fixed" gives every task max_turns
+    assert turn_budget(hidden, RolloutConfig(max_turns=3)) == min(3, turns)
+    assert turn_budget(hidden, RolloutConfig(max_turns=6, turn_budget="fixed")) == 6
 
 
 async def test_a_reply_without_tool_calls_ends_the_attempt(calculator):

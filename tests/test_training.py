@@ -339,8 +339,7 @@ def test_the_ratio_divides_by_the_trainers_own_logprobs_not_the_servers(base_pat
                 t.choices[0].logprobs = [x + (0.3 if i % 2 else -0.3) for i, x in enumerate(lp)]
         config = TrainConfig(max_grad_norm=None, learning_rate=1e-9, old_logprobs=old)
         metrics = trainer.step([group], config)
-        state = trainer.optimizer.state
-        grads[case] = torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params])
+        grads[case] = _seen_gradient(trainer)
         clipped[case] = metrics["clip_fraction"]
     _assert_same_gradient(grads["off"], grads["exact"])
     assert clipped["off"] == clipped["exact"] == 0.0
@@ -370,9 +369,25 @@ def test_gradient_accumulation_equals_one_full_batch(base_path):
             [group], TrainConfig(token_budget=budget, max_grad_norm=None, learning_rate=1e-9)
         )
         # the update is negligible; read back the gradient the optimizer saw via its state
-        state = trainer.optimizer.state
-        grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
+        grads.append(_seen_gradient(trainer))
     _assert_same_gradient(grads[0], grads[1])
+
+
+def _prefix_groups(trainer: LoraTrainer) -> tuple[list[int], list[TrajectoryGroup]]:
+    """Two groups of two attempts behind one 80-token prompt (a shared prefix), on policy."""
+    prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
+    groups = [
+        _on_policy_group(trainer, [*prompt, 21 + g], [[11, 12, 13], [14, 15, 16, 17]], [1, 0])
+        for g in range(2)
+    ]
+    return prompt, groups
+
+
+def _seen_gradient(trainer: LoraTrainer) -> torch.Tensor:
+    """The gradient the optimizer saw last step (its first moment, after one step), flattened;
+    with a negligible learning rate this reads a step's gradient back."""
+    state = trainer.optimizer.state
+    return torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params])
 
 
 @pytest.mark.slow
@@ -383,11 +398,7 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
     for share, budget in ((False, 4096), (True, 4096), (False, 64), (True, 64)):
         torch.manual_seed(0)
         trainer = LoraTrainer(base_path)
-        prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
-        groups = [
-            _on_policy_group(trainer, [*prompt, 21 + g], [[11, 12, 13], [14, 15, 16, 17]], [1, 0])
-            for g in range(2)
-        ]
+        prompt, groups = _prefix_groups(trainer)
         sequences, _ = build_sequences(groups)
         batches = micro_batches(sequences, budget, 0, share_prefix=share)
         tokens.append(
@@ -401,8 +412,7 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
         ran = []
         trainer._prefix_pass = _recording(trainer._prefix_pass, ran)
         trainer.step(groups, config)
-        state = trainer.optimizer.state
-        grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
+        grads.append(_seen_gradient(trainer))
     assert len(batches) == 4 and all(len(b.prefix) == len(prompt) for b in batches)
     assert ran == [4]  # the last configuration ran the prefix once for its four micro-batches
     assert tokens[1] < tokens[0] / 2  # the prompt ran once instead of four times
@@ -429,11 +439,7 @@ def test_a_long_prefix_under_layer_checkpoints_gives_the_same_gradient(base_path
     for budget, checkpoint_from in ((4096, None), (4096, 16), (64, None), (64, 16)):
         torch.manual_seed(0)
         trainer = LoraTrainer(base_path)
-        prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
-        groups = [
-            _on_policy_group(trainer, [*prompt, 21 + g], [[11, 12, 13], [14, 15, 16, 17]], [1, 0])
-            for g in range(2)
-        ]
+        _, groups = _prefix_groups(trainer)
         checkpoints.clear()
         config = TrainConfig(
             max_grad_norm=None,
@@ -443,8 +449,7 @@ def test_a_long_prefix_under_layer_checkpoints_gives_the_same_gradient(base_path
         )
         trainer.step(groups, config)
         layers.append(len(checkpoints))
-        state = trainer.optimizer.state
-        grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
+        grads.append(_seen_gradient(trainer))
     depth = trainer.model.config.num_hidden_layers
     assert layers == [0, depth, 0, depth]  # once per layer, for the prefix only
     _assert_same_gradient(grads[1], grads[0])
@@ -463,11 +468,7 @@ def test_the_kl_term_runs_the_base_models_prefix_once_with_the_same_gradient(bas
             for name, param in trainer.model.named_parameters():
                 if "lora_B" in name:
                     param.normal_(0.0, 0.05)
-        prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
-        groups = [
-            _on_policy_group(trainer, [*prompt, 21 + g], [[11, 12, 13], [14, 15, 16, 17]], [1, 0])
-            for g in range(2)
-        ]
+        _, groups = _prefix_groups(trainer)
         config = TrainConfig(
             max_grad_norm=None, learning_rate=1e-9, share_prefix=share, token_budget=64, beta=0.5
         )
@@ -480,8 +481,7 @@ def test_the_kl_term_runs_the_base_models_prefix_once_with_the_same_gradient(bas
 
         trainer._reference_prefix = counted
         kls.append(trainer.step(groups, config)["kl"])
-        state = trainer.optimizer.state
-        grads.append(torch.cat([state[p]["exp_avg"].flatten() for p in trainer.params]))
+        grads.append(_seen_gradient(trainer))
     # four micro-batches each time; with sharing, one base-model prefix pass serves them all
     assert passes == [(4, False), (4, True)]
     assert kls[0] > 1e-4 and kls[1] == pytest.approx(kls[0], rel=1e-4)
