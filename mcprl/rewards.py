@@ -207,7 +207,10 @@ def _args_match(actual: Any, expected: Any, tolerance: float) -> bool:
     return actual == expected
 
 
-def _made_calls(trajectory: Trajectory) -> list[tuple[str, Any, str | None]]:
+_Calls = list[tuple[str, Any, str | None]]  # (tool, arguments, result text or None)
+
+
+def _made_calls(trajectory: Trajectory) -> _Calls:
     """(tool, arguments, result text or None for an error) per call, in order."""
     results = {
         m.get("tool_call_id"): m.get("content") for m in trajectory.messages if m["role"] == "tool"
@@ -232,9 +235,13 @@ def calls_matched(trajectory: Trajectory, reference: Reference, tool_only: float
     tool with other arguments stands for, counts `tool_only`, provided the attempt made no more
     tool calls than the reference has (so calling every tool in turn earns nothing).
     """
+    return _calls_credit(_made_calls(trajectory), reference, tool_only)
+
+
+def _calls_credit(calls: _Calls, reference: Reference, tool_only: float) -> float:
     if not reference.calls:
         return 0.0
-    made = [(n, a) for n, a, _ in _made_calls(trajectory) if n != "complete_task"]
+    made = [(n, a) for n, a, _ in calls if n != "complete_task"]
     tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
     full = [
         any(n == ref.tool and _args_match(a, ref.arguments, tolerance) for n, a in made)
@@ -286,7 +293,9 @@ def call_turns(trajectory: Trajectory, reference: Reference) -> list[list[int]]:
     return out
 
 
-def _reported_result(trajectory: Trajectory, reference: Reference, any_tool: bool = True) -> bool:
+def _reported_result(
+    trajectory: Trajectory, calls: _Calls, reference: Reference, any_tool: bool = True
+) -> bool:
     """The final answer is what one of the attempt's own (non-error) tool calls returned: a
     call of a tool the reference calls, unless `any_tool` or the reference lists no calls."""
     answer = trajectory.final_answer()
@@ -294,7 +303,7 @@ def _reported_result(trajectory: Trajectory, reference: Reference, any_tool: boo
         return False
     tolerance = reference.tolerance if reference.tolerance is not None else 1e-9
     tools = None if any_tool or not reference.calls else {c.tool for c in reference.calls}
-    for name, _, text in _made_calls(trajectory):
+    for name, _, text in calls:
         if text is None or name == "complete_task" or not text.strip():
             continue
         if tools is not None and name not in tools:
@@ -324,16 +333,16 @@ def _result_values(text: str, limit: int = 64) -> list[str]:
     return values
 
 
-def _called_tools(trajectory: Trajectory, reference: Reference) -> bool:
+def _called_tools(calls: _Calls, reference: Reference) -> bool:
     """The attempt called each tool the reference calls at least once, with a result that is
     not an error (any arguments)."""
-    called = {name for name, _, text in _made_calls(trajectory) if text is not None}
+    called = {name for name, _, text in calls if text is not None}
     return all(c.tool in called for c in reference.calls)
 
 
-def _repeats(trajectory: Trajectory) -> int:
+def _repeats(calls: _Calls) -> int:
     seen, repeats = set(), 0
-    for name, args, _ in _made_calls(trajectory):
+    for name, args, _ in calls:
         key = (name, json.dumps(args, sort_keys=True))
         repeats += key in seen
         seen.add(key)
@@ -397,16 +406,17 @@ def reward_parts(
     if ref is None or (ref.answer is None and not ref.calls):
         raise UsageError(f"scenario {scenario.id!r} has no reference answer or calls")
     w = weights or ReferenceReward()
-    calls = calls_matched(trajectory, ref, tool_only=w.tool_only)
-    repeats = float(_repeats(trajectory))
+    made = _made_calls(trajectory)  # read once for every part below
+    calls = _calls_credit(made, ref, w.tool_only)
+    repeats = float(_repeats(made))
     if ref.answer is None:  # calls are all there is to check
         return RewardParts(
             answer=0.0, calls=calls, reported=0.0, repeated_calls=repeats, reward=calls
         )
     answer = float(answer_matches(trajectory.final_answer(), ref))
-    guessed = float(bool(answer) and ref.needs_calls and not _called_tools(trajectory, ref))
+    guessed = float(bool(answer) and ref.needs_calls and not _called_tools(made, ref))
     answer -= guessed
-    reported = float(_reported_result(trajectory, ref, any_tool=w.report_any_tool))
+    reported = float(_reported_result(trajectory, made, ref, any_tool=w.report_any_tool))
     reward = 1.0 if answer else w.calls_weight * calls + w.report_weight * reported
     return RewardParts(
         answer=answer,
