@@ -197,6 +197,12 @@ class ScenarioSampler:
         kind = self._by_kind.get(self._kind.get(scenario.id, ()))
         return kind is not None and kind.groups > 0 and kind.own_successes == 0
 
+    def solved(self, scenario: Scenario) -> bool:
+        """An attempt of the policy's own choosing has solved its kind (helped ones, explored
+        or guided, do not count)."""
+        kind = self._by_kind.get(self._kind.get(scenario.id, ()))
+        return kind is not None and kind.own_successes > 0
+
     def weight(self, scenario: Scenario) -> float:
         """The estimated chance that the scenario's next group is informative (floored)."""
         if self.mode == "uniform":

@@ -136,11 +136,11 @@ class RunConfig(BaseModel):
         default=0.0,
         ge=0.0,
         le=1.0,
-        description="at a chain of two or more calls tried before and never solved by the "
-        "policy's own attempts, this share of a group's attempts start with the reference's "
-        "first calls made for them (how many: a draw that falls as the kind gets solved), so "
-        "the policy practises the call after them; such a chain is guided instead of explored. "
-        "0 disables",
+        description="at a chain of two or more calls that no attempt of the policy's own has "
+        "solved (from its first draw on), this share of a group's attempts start with the "
+        "reference's first calls made for them (how many: a draw that falls as the kind gets "
+        "solved), so the policy practises the call after them; such a chain is guided instead "
+        "of explored. 0 disables",
     )
     reward: RewardMode = "auto"
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
@@ -784,19 +784,22 @@ class TrainingRun:
         return kept + tied, counts | self.sampler.summary(), times
 
     def _starts(self, scenario: Scenario, seed: int) -> list[dict[str, Any]]:
-        """How the first attempts at `scenario` start (`collect_groups(starts=)`): as the policy
-        chooses unless its kind is unsolved; then, at a chain of calls with `guide` on, after
-        the reference's first calls (`guided_calls`, drawn by the sampler); else each with a
+        """How the first attempts at `scenario` start (`collect_groups(starts=)`): at a chain
+        of calls with `guide` on, until an attempt of the policy's own solves its kind (from
+        its first draw), after the reference's first calls (`guided_calls`, drawn by the
+        sampler); else as the policy chooses unless its kind is unsolved, and then each with a
         different tool the agent is offered (`explore`): the reference's first tool where the
         scenario has reference calls, the others by a seeded draw."""
-        if not self.sampler.unsolved(scenario):
-            return []
         rng = random.Random(seed)
         attempts = self.config.rollouts_per_group
         chain = scenario.reference.calls if scenario.reference is not None else []
         if self.config.guide > 0 and len(chain) >= 2:
+            if self.sampler.solved(scenario):
+                return []
             n = math.ceil(self.config.guide * attempts)
             return [{"guided_calls": self.sampler.guided_calls(scenario, rng)} for _ in range(n)]
+        if not self.sampler.unsolved(scenario):
+            return []
         share = self.config.explore
         hidden = self.config.rollout.hidden_tools  # the agent is not offered these
         tools = [t.name for t in self.info.tools if t.name not in hidden] if self.info else []

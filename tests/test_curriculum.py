@@ -642,12 +642,14 @@ def test_the_calls_made_for_a_guided_attempt_fall_as_its_kind_gets_solved():
     solved.trajectories[0].metadata["guided_calls"] = 3
     sampler.observe([solved])
     assert {sampler.guided_calls(long, rng) for _ in range(50)} == {1, 2}
-    assert sampler.unsolved(long)  # a guided success is not the policy's own
+    assert sampler.unsolved(long) and not sampler.solved(long)  # a guided success is not its own
+    sampler.observe([_group("long", [1.0, 0.0])])  # now one of its own: no more guiding
+    assert sampler.solved(long) and not sampler.unsolved(long)
     assert sampler.guided_calls(_with_call("one"), rng) == 0  # a single call: nothing to make
 
 
 @pytest.mark.anyio
-async def test_an_unsolved_chain_gets_guided_attempts_that_practise_the_call_after(tmp_path):
+async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_path):
     scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _scenario("val")])
     scenarios.scenarios[-1].split = "val"
     said: list[str] = []
@@ -662,10 +664,12 @@ async def test_an_unsolved_chain_gets_guided_attempts_that_practise_the_call_aft
         summary = _summary(run)
         await run._step(summary)
         await run._step(summary)
-    first, second = backend.trained
-    assert all(t.reward < 1.0 for t in first[0].trajectories)  # alone it never finishes
-    assert backend.rows[1]["train/attempts_guided"] == 2
-    assert backend.rows[1]["train/attempts_explored"] == 0  # guided instead of explored
-    guided = [t for t in second[0].trajectories if "guided_calls" in t.metadata]
-    assert len(guided) == 2 and all(t.reward == 1.0 for t in guided)
+    for trained, row in zip(backend.trained, backend.rows, strict=True):
+        # guided from the chain's first draw on: the policy alone never finishes it
+        own = [t for t in trained[0].trajectories if "guided_calls" not in t.metadata]
+        guided = [t for t in trained[0].trajectories if "guided_calls" in t.metadata]
+        assert len(guided) == 2 and all(t.reward == 1.0 for t in guided)
+        assert all(t.reward < 1.0 for t in own)
+        assert row["train/attempts_guided"] == 2
+        assert row["train/attempts_explored"] == 0  # guided instead of explored
     assert "2 attempts guided" in said[-1]

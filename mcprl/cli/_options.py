@@ -144,9 +144,9 @@ RUN = [
     Setting(
         "--guide",
         "guide",
-        "at a chain of 2+ calls tried before and never solved by the model's own attempts, this "
-        "share of a group's attempts start with the reference's first calls made for them, "
-        "fewer as the chain gets solved (default {default}: off; unmeasured, see RESULTS.md)",
+        "at a chain of 2+ calls the model's own attempts have not solved (from its first "
+        "draw), this share of a group's attempts start with the reference's first calls made "
+        "for them, fewer as the chain gets solved (default {default}: off; see RESULTS.md)",
     ),
     *(s.within("rollout") for s in ROLLOUT),
     Setting(
