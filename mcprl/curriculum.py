@@ -180,7 +180,7 @@ class ScenarioSampler:
         fewest with which a guided attempt of its kind succeeded, once one has: the help falls
         as the kind gets solved (a curriculum over the chain). 0 for a single call."""
         n = len(scenario.reference.calls) if scenario.reference is not None else 0
-        kind = self._by_kind.get(self._kind.get(scenario.id, ()))
+        kind = self._kind_stats(scenario)
         most = n - 1
         if kind is not None and kind.guided_solved is not None:
             most = min(most, max(1, kind.guided_solved - 1))
@@ -194,14 +194,18 @@ class ScenarioSampler:
 
         if self.informative != "judged" and not has_reference(scenario):
             return False
-        kind = self._by_kind.get(self._kind.get(scenario.id, ()))
+        kind = self._kind_stats(scenario)
         return kind is not None and kind.groups > 0 and kind.own_successes == 0
 
     def solved(self, scenario: Scenario) -> bool:
         """An attempt of the policy's own choosing has solved its kind (helped ones, explored
         or guided, do not count)."""
-        kind = self._by_kind.get(self._kind.get(scenario.id, ()))
+        kind = self._kind_stats(scenario)
         return kind is not None and kind.own_successes > 0
+
+    def _kind_stats(self, scenario: Scenario) -> ScenarioStats | None:
+        """The pooled stats of the scenario's kind; None for a scenario the sampler lacks."""
+        return self._by_kind.get(self._kind.get(scenario.id, ()))
 
     def weight(self, scenario: Scenario) -> float:
         """The estimated chance that the scenario's next group is informative (floored)."""
