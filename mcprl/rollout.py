@@ -83,7 +83,10 @@ AnswerType = Literal["number", "string"]
 
 
 def answer_type(scenario: Scenario) -> AnswerType:
-    """What `complete_task`'s answer should be: a number when the reference answer is one."""
+    """What `complete_task`'s answer should be: the scenario's `answer_type` where it states one,
+    else a number when the reference answer is one, else a string."""
+    if scenario.answer_type is not None:
+        return scenario.answer_type
     ref = scenario.reference
     if ref is None or ref.answer is None:
         return "string"

@@ -22,7 +22,7 @@ from mcprl import (
     write_groups,
 )
 from mcprl.rewards import answer_matches, calls_matched, reference_reward, scorer
-from mcprl.rollout import turn_budget
+from mcprl.rollout import answer_type, turn_budget
 from mcprl.scenarios import Reference, ReferenceCall, Scenario
 from tests.helpers import (
     EXAMPLES,
@@ -351,6 +351,20 @@ async def test_the_last_turn_is_forced_to_complete_task_with_a_typed_answer(calc
     assert t.messages[0]["content"] == RolloutConfig().system_prompt  # the same for every task
     assert t.final_answer() == "42" and t.metrics["completed"] == 1
     assert reference_reward(t, SCENARIO) == 1.0
+
+
+def test_a_task_without_a_reference_answer_takes_the_answer_type_it_states():
+    """A RULER task has no reference answer to type `complete_task` by: it may say what kind of
+    answer it wants, and otherwise takes a string; where it says, that wins over the reference."""
+    hidden = Scenario(id="h", task="What is 6 times 7?", difficulty=1)
+    assert answer_type(hidden) == "string"
+    assert answer_type(hidden.model_copy(update={"answer_type": "number"})) == "number"
+    assert answer_type(SCENARIO) == "number"
+    assert answer_type(SCENARIO.model_copy(update={"answer_type": "string"})) == "string"
+    line = '{"id": "h", "task": "What is 6 times 7?", "difficulty": 1, "answer_type": "number"}'
+    assert answer_type(Scenario.model_validate_json(line)) == "number"
+    with pytest.raises(ValueError, match="answer_type"):
+        Scenario(id="h", task="?", difficulty=1, answer_type="integer")
 
 
 async def test_a_first_tool_names_the_first_turns_call_and_no_other(calculator):

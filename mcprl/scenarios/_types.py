@@ -63,6 +63,12 @@ class Scenario(BaseModel):
     reference: Reference | None = None
     tags: list[str] = Field(default_factory=list)
     split: Literal["train", "val"] | None = None
+    answer_type: Literal["number", "string"] | None = Field(
+        default=None,
+        description="what kind of final answer the task wants, where no reference answer shows "
+        "it (a task for RULER): number or string; None: read off the reference answer, else "
+        "a string",
+    )
     elicitation: list[dict[str, Any]] | None = Field(
         default=None,
         description="answers to the server's questions to the user (MCP elicitation), in the "
