@@ -53,7 +53,7 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
         return row.get(f"train/{key}", default)
 
     dropped, explored = train("groups_dropped", 0), train("attempts_explored", 0)
-    guided = train("attempts_guided", 0)
+    guided, hindsight = train("attempts_guided", 0), train("hindsight_added", 0)
     success = row.get("train/success")
     return (
         f"step {row['step']}/{steps}: reward {train('reward_mean'):.3f} "
@@ -65,6 +65,7 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
         + ")"
         + (f", {explored:.0f} attempts explored" if explored else "")
         + (f", {guided:.0f} attempts guided" if guided else "")
+        + (f", {_plural(hindsight, 'hindsight task')} added" if hindsight else "")
         + (f"; no update: {_NO_SIGNAL[informative]}" if train("skipped_update", 0) else "")
         + f" | rollouts {row.get('time/rollout_s', 0):.0f} s, "
         f"judge {row.get('time/judge_s', 0):.0f} s{_judging(row)}, "

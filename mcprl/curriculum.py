@@ -85,11 +85,14 @@ def _helped(t: Any) -> bool:
 
 
 def task_kind(scenario: Scenario) -> tuple[str, ...]:
-    """The tools its reference calls, in order (its own id when it has no reference calls)."""
+    """The tools its reference calls, in order (its own id when it has no reference calls); a
+    hindsight task's kind is marked as such (`mcprl.hindsight`): solving one is not solving the
+    kind of task it came from."""
     ref = scenario.reference
     if ref is None or not ref.calls:
         return ("id", scenario.id)
-    return tuple(c.tool for c in ref.calls)
+    tools = tuple(c.tool for c in ref.calls)
+    return ("hindsight", *tools) if "hindsight" in scenario.tags else tools
 
 
 @dataclass
@@ -150,6 +153,16 @@ class ScenarioSampler:
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
         self._kind = {s.id: task_kind(s) for s in self.scenarios}
         self._by_kind = {kind: ScenarioStats() for kind in self._kind.values()}
+
+    def add(self, scenarios: Iterable[Scenario]) -> None:
+        """Put more scenarios in the pool (hindsight tasks); ids it has already are skipped."""
+        for s in scenarios:
+            if s.id in self.stats:
+                continue
+            self.scenarios.append(s)
+            self.stats[s.id] = ScenarioStats()
+            self._kind[s.id] = task_kind(s)
+            self._by_kind.setdefault(self._kind[s.id], ScenarioStats())
 
     def observe(self, groups: Iterable[TrajectoryGroup]) -> None:
         """Record scored groups (unknown scenario ids are ignored)."""

@@ -462,21 +462,23 @@ def _render(t: Trajectory, reference: str | None = None) -> str:
 
 
 def _references(run_dir: Path) -> dict[str, str]:
-    """Reference answers by scenario id, from the scenarios stored with the run."""
-    path = run_dir / "scenarios.jsonl"
-    if not path.is_file():
-        return {}
+    """Reference answers by scenario id, from the scenarios stored with the run (its own and
+    its hindsight tasks)."""
     from mcprl.scenarios import ScenarioSet
 
-    try:
-        scenarios = ScenarioSet.load(path)
-    except Exception:  # the report shows what it can
-        return {}
-    return {
-        s.id: str(s.reference.answer)
-        for s in scenarios
-        if s.reference is not None and s.reference.answer is not None
-    }
+    out: dict[str, str] = {}
+    for name in ("scenarios.jsonl", "hindsight.jsonl"):
+        path = run_dir / name
+        try:
+            scenarios = ScenarioSet.load(path) if path.is_file() else ScenarioSet()
+        except Exception:  # the report shows what it can
+            continue
+        out |= {
+            s.id: str(s.reference.answer)
+            for s in scenarios
+            if s.reference is not None and s.reference.answer is not None
+        }
+    return out
 
 
 def _best_and_worst(run_dir: Path) -> tuple[int | None, list[Trajectory], list[Trajectory]]:

@@ -76,8 +76,10 @@ __all__ = [
     "calls_matched",
     "is_informative",
     "is_success",
+    "made_calls",
     "reference_hint",
     "reference_reward",
+    "result_values",
     "reward_parts",
     "ruler_score_group",
     "scorer",
@@ -210,7 +212,7 @@ def _args_match(actual: Any, expected: Any, tolerance: float) -> bool:
 _Calls = list[tuple[str, Any, str | None]]  # (tool, arguments, result text or None)
 
 
-def _made_calls(trajectory: Trajectory) -> _Calls:
+def made_calls(trajectory: Trajectory) -> _Calls:
     """(tool, arguments, result text or None for an error) per call, in order."""
     results = {
         m.get("tool_call_id"): m.get("content") for m in trajectory.messages if m["role"] == "tool"
@@ -235,7 +237,7 @@ def calls_matched(trajectory: Trajectory, reference: Reference, tool_only: float
     tool with other arguments stands for, counts `tool_only`, provided the attempt made no more
     tool calls than the reference has (so calling every tool in turn earns nothing).
     """
-    return _calls_credit(_made_calls(trajectory), reference, tool_only)
+    return _calls_credit(made_calls(trajectory), reference, tool_only)
 
 
 def _calls_credit(calls: _Calls, reference: Reference, tool_only: float) -> float:
@@ -308,13 +310,13 @@ def _reported_result(
             continue
         if tools is not None and name not in tools:
             continue
-        for value in _result_values(text.strip()):
+        for value in result_values(text.strip()):
             if answer_matches(answer, Reference(answer=value, tolerance=tolerance)):
                 return True
     return False
 
 
-def _result_values(text: str, limit: int = 64) -> list[str]:
+def result_values(text: str, limit: int = 64) -> list[str]:
     """A tool result's text, and where it is JSON (`{"result": -160}`, see `results_as`), each
     number and string in it (at most `limit`)."""
     values = [text]
@@ -406,7 +408,7 @@ def reward_parts(
     if ref is None or (ref.answer is None and not ref.calls):
         raise UsageError(f"scenario {scenario.id!r} has no reference answer or calls")
     w = weights or ReferenceReward()
-    made = _made_calls(trajectory)  # read once for every part below
+    made = made_calls(trajectory)  # read once for every part below
     calls = _calls_credit(made, ref, w.tool_only)
     repeats = float(_repeats(made))
     if ref.answer is None:  # calls are all there is to check

@@ -69,6 +69,7 @@ from mcprl.collect import (
 )
 from mcprl.curriculum import Informative, Sampling, ScenarioSampler, is_informative
 from mcprl.errors import JudgeFailedError, PreflightError, UsageError
+from mcprl.hindsight import hindsight_tasks
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel, policy_client
 from mcprl.rewards import ReferenceReward, Reward, RewardFn
@@ -141,6 +142,13 @@ class RunConfig(BaseModel):
         "reference's first calls made for them (how many: a draw that falls as the kind gets "
         "solved), so the policy practises the call after them; such a chain is guided instead "
         "of explored. 0 disables",
+    )
+    hindsight: int = Field(
+        default=0,
+        ge=0,
+        description="after each step, add at most this many hindsight tasks to the training "
+        "pool: a failed attempt's chain of 2+ calls, relabelled as the task it solved "
+        "(`mcprl.hindsight`); 0 disables",
     )
     reward: RewardMode = "auto"
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
@@ -359,6 +367,7 @@ class TrainingRun:
         self._scope: anyio.CancelScope | None = None
         self._stop = False
         self._dropped: list[Exception] = []  # judge failures since the phase began
+        self.hindsight: list[Scenario] = []  # tasks added from failed attempts' chains
         # what the judge spent: before this start (a resumed run), at the start, at the last row
         self._spent_before: dict[str, float] = {}
         self._spent_seen = self._spent_start = Usage()
@@ -667,9 +676,15 @@ class TrainingRun:
         return self.reward.informative(self.config.train.informative)
 
     async def _sampler(self) -> ScenarioSampler:
-        """The training-scenario sampler, with the groups of every step so far replayed."""
+        """The training-scenario sampler, with the hindsight tasks of the steps so far and the
+        groups of every step so far replayed."""
+        kept = await self.backend.read_file(self.model, HINDSIGHT_FILE)
+        for s in ScenarioSet.loads(kept, HINDSIGHT_FILE) if kept else ():
+            if _added_at(s) <= self.model.step:  # not one of a step that did not finish
+                self.hindsight.append(s)
+                self.by_id[s.id] = s
         sampler = ScenarioSampler(
-            self.scenarios.train,
+            [*self.scenarios.train, *self.hindsight],
             seed=self.config.seed,
             mode=self.config.sampling,
             informative=self.informative,
@@ -690,6 +705,8 @@ class TrainingRun:
         config, step = self.config, self.model.step + 1
         await self._emit(StepStarted(self, step))
         groups, counts, times = await self._draw_groups(step)
+        if config.hindsight:
+            counts["hindsight_added"] = float(await self._add_hindsight(step, groups))
         await self._emit(GroupsDrawn(self, step, groups, counts))
         dropped = int(counts["groups_dropped"])
         self._check_judge(dropped, int(counts["groups_drawn"]), f"step {step}")
@@ -782,6 +799,22 @@ class TrainingRun:
             "attempts_guided": float(helped["guided"]),
         }
         return kept + tied, counts | self.sampler.summary(), times
+
+    async def _add_hindsight(self, step: int, groups: list[TrajectoryGroup]) -> int:
+        """Add this step's hindsight tasks (`mcprl.hindsight`) to the pool and keep them with
+        the run (hindsight.jsonl, each tagged with its step, for a resume); how many."""
+        new = hindsight_tasks(groups, self.by_id, limit=self.config.hindsight, known=self.by_id)
+        if not new:
+            return 0
+        for s in new:
+            s.tags.append(f"step:{step}")
+            self.by_id[s.id] = s
+        self.hindsight += new
+        self.sampler.add(new)
+        await self.backend.write_file(
+            self.model, HINDSIGHT_FILE, ScenarioSet(self.hindsight).dumps()
+        )
+        return len(new)
 
     def _starts(self, scenario: Scenario, seed: int) -> list[dict[str, Any]]:
         """How the first attempts at `scenario` start (`collect_groups(starts=)`): at a chain
@@ -881,6 +914,7 @@ def local_judge(
 
 # where a step's row (`judge/…`) and an evaluation's (`val/judge_…`) record the judge's spending
 _COST_KEYS = ("judge/cost_usd", "val/judge_cost_usd")
+HINDSIGHT_FILE = "hindsight.jsonl"  # a run's hindsight tasks, kept with it
 
 
 def _spent_so_far(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -902,6 +936,11 @@ def _fill_baseline(summary: RunSummary, rows: list[dict[str, Any]]) -> None:
         summary.baseline_step, summary.final_step = first["step"], last["step"]
         summary.baseline = split_metrics(first)
         summary.final = split_metrics(last)
+
+
+def _added_at(scenario: Scenario) -> int:
+    """The step whose attempts a hindsight task came from (its "step:N" tag)."""
+    return next((int(t[5:]) for t in scenario.tags if t.startswith("step:")), 0)
 
 
 def _ids(scenarios: ScenarioSet) -> set[str]:

@@ -43,7 +43,13 @@ __all__ = [
 ]
 
 # the run's text files a client may write (model.json and history.jsonl are the backend's own)
-RUN_FILES = ("scenarios.jsonl", "run_config.json", "task.txt", "system_prompt.txt")
+RUN_FILES = (
+    "scenarios.jsonl",
+    "hindsight.jsonl",
+    "run_config.json",
+    "task.txt",
+    "system_prompt.txt",
+)
 _READABLE = (*RUN_FILES, "model.json")
 _SPLIT = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 

@@ -148,6 +148,12 @@ RUN = [
         "draw), this share of a group's attempts start with the reference's first calls made "
         "for them, fewer as the chain gets solved (default {default}: off; see RESULTS.md)",
     ),
+    Setting(
+        "--hindsight",
+        "hindsight",
+        "after each step, add at most this many tasks that a failed attempt's chain of 2+ "
+        "calls solved, relabelled as such (default {default}: off; see RESULTS.md)",
+    ),
     *(s.within("rollout") for s in ROLLOUT),
     Setting(
         "--reward",
