@@ -245,7 +245,7 @@ async def test_an_llm_proposes_tasks_with_calls_and_only_verified_ones_get_answe
     ]  # fmt: skip
     reply = json.dumps({"scenarios": [
         {"task": t, "difficulty": 1, "calls": [{"tool": n, "arguments": a} for n, a in calls],
-         **({"answer_from": hint} if hint else {})}
+         **({"answer_from": hint} if hint else {}), "answer_type": "number"}
         for t, calls, hint in proposals
     ]})  # fmt: skip
     made = await generate_scenarios(
@@ -262,9 +262,11 @@ async def test_an_llm_proposes_tasks_with_calls_and_only_verified_ones_get_answe
         s = by_task[task]
         assert "verified" in s.tags and s.reference.answer == answer, s
         assert s.reference.calls[0].result  # the server's own result is recorded
+        assert s.answer_type is None  # the recorded answer says what it is
     for task in set(by_task) - set(expected):  # a meta tool, a write, an error, no such tool
         s = by_task[task]
         assert "unverified" in s.tags and s.reference is None, s
+        assert s.answer_type == "number"  # the writer's word: no reference shows it
 
 
 @pytest.mark.anyio

@@ -23,7 +23,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from mcprl.errors import ScenarioGenerationError, UsageError
 from mcprl.mcp import ResourceInfo, ServerInfo, ToolInfo
@@ -59,6 +59,7 @@ SCENARIOS_SCHEMA: dict[str, Any] = {
                         },
                     },
                     "answer_from": {"type": "string"},
+                    "answer_type": {"type": "string", "enum": ["number", "string"]},
                 },
                 "required": ["task", "difficulty"],
                 "additionalProperties": False,
@@ -86,11 +87,12 @@ Rules for every task:
 
 For each task also give `calls`: the tool calls that answer it, in order, with their exact
 arguments; and `answer_from`: the field of the last call's result that holds the answer ("count"
-for how many records it returns; leave it out when the result is the answer itself). The calls
-are run to check the task and to record its answer.
+for how many records it returns; leave it out when the result is the answer itself); and
+`answer_type`: "number" when the answer is a number, else "string". The calls are run to check
+the task and to record its answer.
 
 Reply with JSON only: {"scenarios": [{"task": "...", "difficulty": 1, "calls": [{"tool": "...",
-"arguments": {...}}], "answer_from": "..."}, ...]}
+"arguments": {...}}], "answer_from": "...", "answer_type": "number"}, ...]}
 """
 
 
@@ -125,8 +127,16 @@ def _valid_items(obj: Any) -> tuple[list[_Item], list[str]]:
         else:
             calls = item.get("calls")
             calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
-            hint = item.get("answer_from")
-            items.append(_Item(task.strip(), level, calls, hint if isinstance(hint, str) else None))
+            hint, kind = item.get("answer_from"), item.get("answer_type")
+            items.append(
+                _Item(
+                    task.strip(),
+                    level,
+                    calls,
+                    hint if isinstance(hint, str) else None,
+                    kind if kind in ("number", "string") else None,
+                )
+            )
     return items, problems
 
 
@@ -136,6 +146,7 @@ class _Item:
     difficulty: int
     calls: list[dict[str, Any]] = field(default_factory=list)
     answer_from: str | None = None
+    answer_type: Literal["number", "string"] | None = None  # kept where no reference shows it
 
 
 async def generate_scenarios(
@@ -223,6 +234,8 @@ def _scenario(
         difficulty=item.difficulty,
         reference=reference,
         tags=tags,
+        # a verified task's type is read off its recorded answer; the others keep the writer's
+        answer_type=item.answer_type if reference is None else None,
     )
 
 
