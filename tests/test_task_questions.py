@@ -340,6 +340,20 @@ def test_counts_of_failures_are_not_questions():
     assert not any("failed" in t for t in texts)
 
 
+def test_a_count_of_what_the_task_itself_lists_is_not_a_question():
+    """gnomon-mcp's `calc(expressions=[...])` returns a line per expression: "For expressions
+    ["31 * 11", "17 * 4"], how many calcs are there?" (2) asks the user's own input back."""
+    from mcprl.scenarios._grounded import _single, _Step
+
+    tool = ToolInfo(name="calc", description="Eval Python expressions -> list.",
+                    input_schema={"type": "object"})  # fmt: skip
+    given = _Step(tool, {"expressions": ["31 * 11", "17 * 4"]}, "341\n68")
+    assert not [q for q in _single(given, random.Random(0), None) if q.kind == "count"]
+    three = _Step(tool, {"expressions": ["31 * 11"]}, "341\n68\n7")  # not what it was given
+    counts = [q for q in _single(three, random.Random(0), None) if q.kind == "count"]
+    assert [q.answer for q in counts] == ["3"]
+
+
 def test_objects_inside_arrays_keep_the_tool_definitions():
     from mcprl.scenarios._sampling import SchemaSampler, ValuePool
 

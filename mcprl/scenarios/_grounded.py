@@ -409,6 +409,10 @@ def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Questio
     numeric = [q for q in fields if is_number(q.answer)]
     if numeric:  # of one object, its numbers are what a call computed (converted_value)
         out = [q for q in out if q.kind != "field"] + numeric
+    # a count of what the task itself lists: "For expressions ["31 * 11", "17 * 4"], how many
+    # calcs are there?" (2) asks the user's own input back, not what the server knows
+    given = {str(len(v)) for v in step.arguments.values() if isinstance(v, list)}
+    out = [q for q in out if not (q.kind == "count" and q.answer in given)]
     return [q for q in out if answer_problem(q.answer, q.text, args) is None]
 
 
