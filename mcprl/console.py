@@ -54,6 +54,7 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
 
     dropped, explored = train("groups_dropped", 0), train("attempts_explored", 0)
     guided, hindsight = train("attempts_guided", 0), train("hindsight_added", 0)
+    shown = train("attempts_demonstrated", 0)
     success = row.get("train/success")
     return (
         f"step {row['step']}/{steps}: reward {train('reward_mean'):.3f} "
@@ -63,6 +64,7 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
         + f"{train('groups_drawn', 0):.0f} drawn ({train('groups_tied', 0):.0f} tied"
         + (f", {dropped:.0f} lost to the judge" if dropped else "")
         + ")"
+        + (f", {_plural(shown, 'attempt')} demonstrated" if shown else "")
         + (f", {explored:.0f} attempts explored" if explored else "")
         + (f", {guided:.0f} attempts guided" if guided else "")
         + (f", {_plural(hindsight, 'hindsight task')} added" if hindsight else "")

@@ -452,7 +452,10 @@ def _render(t: Trajectory, reference: str | None = None) -> str:
     outcome = f"stop: {_stop_reason(t)} · answer {answer if answer is not None else '–'}"
     if reference is not None:
         outcome += f" · reference {reference}"
-    if t.metadata.get("first_tool") is not None:  # the loop chose the first call (exploring)
+    if t.metadata.get("first_arguments") is not None:  # the loop made the whole first call
+        call = f"{t.metadata['first_tool']}({t.metadata['first_arguments']})"
+        outcome += f" · demonstrated: first call {call}, pinned by the loop"
+    elif t.metadata.get("first_tool") is not None:  # the loop chose the first call (exploring)
         outcome += f" · exploring: first call {t.metadata['first_tool']}, chosen by the loop"
     return (
         f'<div class="traj"><p><b>reward {reward}</b> · scenario '

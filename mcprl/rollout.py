@@ -26,7 +26,10 @@ Five defaults make the loop finishable by a small model (`RolloutConfig`, all sw
   (OpenAI's `allowed_tools` tool choice; the prompt still lists every tool), so no attempt ends
   with a guess copied from the task;
 - `first_tool`: the first turn must call this tool (a named tool choice): the training loop's
-  exploration of kinds of task no attempt has solved yet (`TrainConfig.explore`);
+  exploration of kinds of task no attempt has solved yet (`RunConfig.explore`); with
+  `first_arguments` too, the call's arguments are pinned as well (mcprl's engine; another
+  server lets the model choose them): a demonstration of the reference's first call, whose
+  tokens are the model's own and are trained on (`RunConfig.demonstrate`);
 - `results_as="json"`: a tool result whose structured content says the same as its text is shown
   as that JSON (`{"result": -160.0}`, not `-160`), the form the model writes `complete_task`'s
   arguments in, so a copied value keeps its spelling: in `"answer": -160` the sign is the token
@@ -216,6 +219,12 @@ class RolloutConfig(BaseModel):
         description="the tool the first turn must call (a named tool choice); the training "
         "loop sets it on some attempts at kinds of task none has solved yet (exploration)",
     )
+    first_arguments: dict[str, Any] | None = Field(
+        default=None,
+        description="with first_tool: the first call's arguments, pinned by mcprl's engine "
+        "(`tool_choice.function.arguments`; other servers ignore it): the training loop's "
+        "demonstrations of a reference's first call",
+    )
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -294,8 +303,15 @@ async def rollout(
                 f"first_tool {config.first_tool!r} is not a tool of this server "
                 f"(it has {', '.join(by_name) or 'none'})"
             )
+        if config.first_arguments is not None and config.first_tool is None:
+            raise UsageError(
+                "first_arguments pins the arguments of the first call, which needs first_tool "
+                "(the tool it calls)"
+            )
         if config.first_tool is not None:
             traj.metadata["first_tool"] = config.first_tool  # an exploring attempt
+        if config.first_arguments is not None:  # a demonstrated one
+            traj.metadata["first_arguments"] = json.dumps(config.first_arguments)
         kind = answer_type(scenario) if config.typed_answer else None
         traj.tools = [*openai_tools(mcp_tools), complete_task_tool(kind)]
         traj.messages = [
@@ -457,12 +473,15 @@ async def _single_turn(model: Policy, scenario: Scenario, config: RolloutConfig,
 
 def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
     """This turn's tool_choice: complete_task alone on a forced last turn; `first_tool` alone on
-    the first; every tool but complete_task until the attempt has called one
-    (`look_before_answer`)."""
+    the first (with `first_arguments` pinned, where set); every tool but complete_task until
+    the attempt has called one (`look_before_answer`)."""
     if config.force_final_answer and turn == config.max_turns - 1:
         return {"type": "function", "function": {"name": COMPLETE_TASK}}
     if turn == 0 and config.first_tool is not None:
-        return {"type": "function", "function": {"name": config.first_tool}}
+        function: dict[str, Any] = {"name": config.first_tool}
+        if config.first_arguments is not None:
+            function["arguments"] = config.first_arguments
+        return {"type": "function", "function": function}
     others = [t for t in traj.tools if t["function"]["name"] != COMPLETE_TASK]
     looked = any(m["role"] == "tool" for m in traj.messages)
     if not config.look_before_answer or looked or not others or len(others) == len(traj.tools):

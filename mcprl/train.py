@@ -16,7 +16,9 @@ then repeats, up to `steps`:
    the easy end first). At a kind of task tried before that no attempt of the policy's own
    choosing has solved, `explore` of the attempts each start with a tool the loop picks
    (distinct: the reference's first tool, where known, and a seeded draw of the others), so a
-   tool the policy never tries gets tried;
+   tool the policy never tries gets tried; with `demonstrate`, some attempts before them start
+   with the reference's whole first call, its arguments pinned, so an argument the policy
+   never writes (a path, a table's name) gets written and trained on where it leads to success;
 2. judging: rewards from RULER, the scenarios' references, or both. A group whose rewards tie
    teaches nothing: another scenario is drawn in its place (dynamic sampling), until the step
    has `groups_per_step` informative groups or has drawn `oversample` times that many (with
@@ -132,6 +134,15 @@ class RunConfig(BaseModel):
         "choice, this share of a group's attempts start with a tool the loop picks (each a "
         "different one: the reference's first tool where the task has reference calls, then "
         "a seeded draw); 0 disables",
+    )
+    demonstrate: int = Field(
+        default=0,
+        ge=0,
+        description="at a kind of task tried before and never solved by the policy's own "
+        "choice, this many of a group's attempts start with the reference's first call, its "
+        "arguments pinned (mcprl's engine; vLLM lets the model choose them), and go on as the "
+        "policy chooses: demonstrations, whose call is trained on like the policy's own. Before "
+        "the explored attempts; 0 disables",
     )
     guide: float = Field(
         default=0.0,
@@ -752,7 +763,7 @@ class TrainingRun:
         kept: list[TrajectoryGroup] = []
         tied: list[TrajectoryGroup] = []
         drawn: list[str] = []
-        helped = {"explored": 0, "guided": 0}
+        helped = {"explored": 0, "guided": 0, "demonstrated": 0}
         times = {"rollout": 0.0, "judge": 0.0}
         self._dropped.clear()
         self.phase = "rollouts"
@@ -772,7 +783,7 @@ class TrainingRun:
             starts = [self._starts(s, seed + i) for i, s in enumerate(batch)]
             for start in starts:
                 for st in start:
-                    helped["guided" if "guided_calls" in st else "explored"] += 1
+                    helped[_help_kind(st)] += 1
             groups = await self._collect(
                 batch, config.rollouts_per_group, seed, f"step {step} rollouts{again}", starts
             )
@@ -797,6 +808,7 @@ class TrainingRun:
             "groups_trained": float(len(kept)),
             "attempts_explored": float(helped["explored"]),
             "attempts_guided": float(helped["guided"]),
+            "attempts_demonstrated": float(helped["demonstrated"]),
         }
         return kept + tied, counts | self.sampler.summary(), times
 
@@ -836,14 +848,19 @@ class TrainingRun:
         share = self.config.explore
         hidden = self.config.rollout.hidden_tools  # the agent is not offered these
         tools = [t.name for t in self.info.tools if t.name not in hidden] if self.info else []
+        shown: list[dict[str, Any]] = []
+        if chain and chain[0].tool in tools:
+            call = {"first_tool": chain[0].tool, "first_arguments": chain[0].arguments}
+            shown = [call] * min(self.config.demonstrate, attempts - 1)  # one stays its own
         if share <= 0 or len(tools) < 2:
-            return []
-        k = min(len(tools), math.ceil(share * attempts))
+            return shown
+        k = min(len(tools), math.ceil(share * attempts), attempts - len(shown))
         # the reference's first tool, where the scenario names one, is always among them: a
         # random share of git's 7 tools left it out of 3 draws in 7
         first = [chain[0].tool] if chain and chain[0].tool in tools else []
+        first = first[:k]
         others = rng.sample([t for t in tools if t not in first], k - len(first))
-        return [{"first_tool": tool} for tool in first + others]
+        return shown + [{"first_tool": tool} for tool in first + others]
 
     async def _collect(
         self,
@@ -884,6 +901,12 @@ class TrainingRun:
         with anyio.CancelScope(shield=True):
             await self.backend.log(self.model, metrics, "val", groups)
             await self._record({"step": step, **{f"val/{k}": v for k, v in metrics.items()}})
+
+
+def _help_kind(start: dict[str, Any]) -> str:
+    if "guided_calls" in start:
+        return "guided"
+    return "demonstrated" if "first_arguments" in start else "explored"
 
 
 def local_judge(

@@ -463,7 +463,9 @@ def _stuck_on_multiply(body: dict) -> tuple[int, dict]:
         choice = body.get("tool_choice")
         named = choice["function"]["name"] if choice and choice.get("type") == "function" else None
         call["name"] = named or "multiply"
-        call["arguments"] = json.dumps({"a": 2, "b": 3})
+        # pinned arguments (mcprl's engine: a demonstration) are the call's, else its habit
+        call["arguments"] = json.dumps(choice["function"].get("arguments") or {"a": 2, "b": 3}
+                                       if named else {"a": 2, "b": 3})  # fmt: skip
     else:
         try:
             call["arguments"] = json.dumps({"answer": json.loads(results[-1])["result"]})
@@ -533,6 +535,54 @@ async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_othe
     assert solved == ["add"] and backend.rows[1]["train/failed_attempts"] == 0
     assert backend.rows[1]["train/attempts_explored"] == len(offered)
     assert f"{len(offered)} attempts explored" in said[-1]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("demonstrate", [0, 1, 9])
+async def test_a_demonstration_pins_the_reference_call_the_policy_never_writes(
+    tmp_path, demonstrate
+):
+    """The policy always writes (2, 3); the task needs add(4, 9). Exploring its tool cannot
+    solve it: the arguments are wrong. A demonstration makes the reference's first call, its
+    arguments pinned, and the policy answers from its result; the demonstrated attempts are
+    told apart, counted, and never count as the policy's own success."""
+    call = ReferenceCall(tool="add", arguments={"a": 4, "b": 9})
+    reference = Reference(answer="13", calls=[call])
+    tasks = [Scenario(id=f"add{i}", task="Add 4 and 9.", difficulty=1, split="train",
+                      reference=reference) for i in range(2)]  # fmt: skip
+    scenarios = ScenarioSet([*tasks, _scenario("val")])
+    scenarios.scenarios[-1].split = "val"
+    said: list[str] = []
+    with LocalChatServer(_stuck_on_multiply) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
+                           eval_every=0, reward="reference", write_report=False,
+                           explore=0.25, demonstrate=demonstrate)  # fmt: skip
+        calculator = load_example("calculator").server
+        run = TrainingRun(config, calculator, backend, say=said.append, progress=False,
+                          observers=[Console(said.append)])  # fmt: skip
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+        await run._step(summary)
+    second = run.sampler  # the kind stays unsolved: demonstrations are not the policy's own
+    assert second.unsolved(tasks[0])
+    trajectories = backend.trained[-1][0].trajectories if backend.trained else []
+    row = backend.rows[1]
+    shown = min(demonstrate, 3)  # one attempt of 4 always stays the policy's own
+    assert row["train/attempts_demonstrated"] == shown
+    if not shown:
+        assert row["train/success"] == 0 == row["train/groups_trained"]  # add(2, 3) everywhere
+        return
+    pinned = [t for t in trajectories if "first_arguments" in t.metadata]
+    assert [json.loads(t.metadata["first_arguments"]) for t in pinned] == [{"a": 4, "b": 9}] * shown
+    assert all(t.reward == 1.0 for t in pinned)
+    assert all(t.reward < 1 for t in trajectories if t not in pinned)  # add(2, 3) at best
+    assert f"{_plural_attempts(shown)} demonstrated" in said[-1]
+
+
+def _plural_attempts(n: int) -> str:
+    return f"{n} attempt" + ("s" if n != 1 else "")
 
 
 @pytest.mark.anyio

@@ -384,6 +384,24 @@ async def test_a_first_tool_names_the_first_turns_call_and_no_other(calculator):
         await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
 
 
+async def test_first_arguments_pin_the_first_call_and_mark_the_attempt_demonstrated(calculator):
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("complete_task", {"answer": 42.0})),
+    )
+    pinned = {"a": 6, "b": 7}
+    config = RolloutConfig(max_turns=2, first_tool="multiply", first_arguments=pinned)
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
+    first, last = policy.requests
+    assert first["tool_choice"] == {
+        "type": "function", "function": {"name": "multiply", "arguments": pinned}}  # fmt: skip
+    assert "arguments" not in last["tool_choice"]["function"]  # the answer is the policy's
+    assert json.loads(t.metadata["first_arguments"]) == pinned
+    with pytest.raises(ValueError, match=r"first_arguments .* needs first_tool"):
+        bad = RolloutConfig(first_arguments=pinned)
+        await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
+
+
 async def test_text_answers_and_the_switches_of_the_final_turn(calculator):
     text = Scenario(id="t", task="Who?", difficulty=1, reference=Reference(answer="Mary Shelley"))
     policy = ScriptedPolicy(reply(call("complete_task", {"answer": "It was Mary Shelley"})))

@@ -109,6 +109,28 @@ def test_a_named_tool_choice_calls_that_tool(client):
     assert r.choices[0].message.tool_calls[0].function.name == "convert_units"
 
 
+def test_pinned_arguments_give_that_exact_call_with_the_models_log_probs(client):
+    """mcprl's `function.arguments` extension (demonstrations): every sample is the call with
+    those arguments, however unlikely the model finds them, and its log-probabilities are the
+    model's (what a trainer's ratio needs), not the pinned distribution's zeros."""
+    pinned = {"value": 26.2, "from_unit": "mile", "to_unit": "km"}
+    choice = {"type": "function", "function": {"name": "convert_units", "arguments": pinned}}
+    r = ask(client, "Multiply 3 by 4.", tools=CALC_TOOLS, tool_choice=choice, n=3, seed=5,
+            logprobs=True, max_tokens=72)  # fmt: skip
+    for c in r.choices:
+        (call,) = c.message.tool_calls
+        assert call.function.name == "convert_units"
+        assert json.loads(call.function.arguments) == pinned
+    model = r.choices[0].model_extra["mcprl"]["model_logprobs"]
+    assert min(model) < -1.0  # "mile" for "Multiply 3 by 4." is not what the model would write
+    free = ask(client, "Multiply 3 by 4.", tools=CALC_TOOLS, tool_choice=choice | {
+        "function": {"name": "convert_units"}}, seed=5, max_tokens=72)  # fmt: skip
+    assert (
+        free.choices[0].model_extra["prompt_token_ids"]
+        == (r.choices[0].model_extra["prompt_token_ids"])
+    )  # the prompt is the same: nothing of the pin shows in it
+
+
 def test_allowed_tools_restricts_the_calls_but_not_the_prompt(client):
     # the prompt lists both tools; only convert_units may be called (OpenAI's allowed_tools)
     only = {"type": "function", "function": {"name": "convert_units"}}
@@ -342,6 +364,20 @@ BAD_REQUESTS = [
         },
         400,
         "'divide', which is not among the tools",
+    ),
+    (
+        "pinned arguments that are not an object",
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": CALC_TOOLS,
+            "tool_choice": {
+                "type": "function",
+                "function": {"name": "multiply", "arguments": [3, 4]},
+            },
+        },
+        400,
+        "arguments",
     ),
     (
         "streaming",

@@ -142,6 +142,13 @@ RUN = [
         "{default}; 0 disables)",
     ),
     Setting(
+        "--demonstrate",
+        "demonstrate",
+        "at such a kind, this many attempts start with the reference's first call, its "
+        "arguments pinned by mcprl's engine, and go on as the model chooses (default "
+        "{default}: off; see RESULTS.md)",
+    ),
+    Setting(
         "--guide",
         "guide",
         "at a chain of 2+ calls the model's own attempts have not solved (from its first "

@@ -59,9 +59,17 @@ class Message(_Open):
         return out
 
 
+class NamedFunction(_Open):
+    name: str
+    # mcprl's extension: the call's arguments too, pinned (a demonstration, `mcprl.train`); a
+    # server without it ignores the field and the model chooses the arguments. Any: the
+    # grammar names what is wrong with one that is not an object
+    arguments: Any = None
+
+
 class NamedToolChoice(_Open):
     type: Literal["function"] = "function"
-    function: dict[str, str]
+    function: NamedFunction
 
 
 class AllowedTools(_Open):
@@ -126,7 +134,7 @@ class ChatRequest(_Open):
     @property
     def choice(self) -> Any:
         if isinstance(self.tool_choice, NamedToolChoice | AllowedToolsChoice):
-            return self.tool_choice.model_dump()
+            return self.tool_choice.model_dump(exclude_none=True)
         return self.tool_choice or ("auto" if self.tools else "none")
 
 

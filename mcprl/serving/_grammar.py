@@ -1,8 +1,10 @@
 """Constrained decoding with xgrammar: which tokens may come next.
 
 - `tool_choice` "required": exactly one call of an offered tool, its arguments valid against
-  that tool's input schema; a named function: a call of that function; `allowed_tools`: as
-  "required" or "auto" (its mode), over only the tools it names.
+  that tool's input schema; a named function: a call of that function, and with mcprl's
+  `function.arguments` extension exactly those arguments (a demonstration: the tokens are the
+  model's own spelling of the call, sampled under the pin); `allowed_tools`: as "required" or
+  "auto" (its mode), over only the tools it names.
 - "auto": free text, but once the model opens `<tool_call>`, the call must be valid.
 - `response_format` json_schema: JSON valid against the schema; json_object: any JSON object.
 
@@ -49,6 +51,23 @@ def _bounded_ebnf(schema: str) -> str:
     ebnf = ebnf.replace("[1-9] [0-9]*", f"[1-9] [0-9]{{0, {k - 1}}}")
     ebnf = re.sub(r"(\[eE\][^\n]*?_digits\)?\)?)\{1, -1\}", rf"\1{{1, {e}}}", ebnf)
     return re.sub(r"(_digits\)?\)?)\{1, -1\}", rf"\1{{1, {k}}}", ebnf)
+
+
+def _pinned(tool: dict[str, Any], arguments: Any) -> dict[str, Any]:
+    """`tool` with its arguments fixed to `arguments` (each a JSON-schema `const`, in order)."""
+    if not isinstance(arguments, dict):
+        raise GrammarError(
+            "tool_choice.function.arguments must be a JSON object of the call's arguments, "
+            f"got {type(arguments).__name__}"
+        )
+    fn = tool.get("function", tool)
+    schema = {
+        "type": "object",
+        "properties": {k: {"const": v} for k, v in arguments.items()},
+        "required": list(arguments),
+        "additionalProperties": False,
+    }
+    return {"name": fn["name"], "parameters": schema}
 
 
 def _tag(tool: dict[str, Any]) -> dict[str, Any]:
@@ -122,11 +141,15 @@ class GrammarFactory:
             tools = [t for t in tools if t.get("function", t).get("name") in names]
             tool_choice = allowed["mode"]
         elif isinstance(tool_choice, dict):
-            wanted = (tool_choice.get("function") or {}).get("name")
+            function = tool_choice.get("function") or {}
+            wanted = function.get("name")
             chosen = [t for t in tools if t.get("function", t).get("name") == wanted]
             if not chosen:
                 raise GrammarError(f"tool_choice names {wanted!r}, which is not among the tools")
-            return self._structural(_tag(chosen[0]))
+            tool = chosen[0]
+            if function.get("arguments") is not None:
+                tool = _pinned(tool, function["arguments"])
+            return self._structural(_tag(tool))
         tags = [_tag(t) for t in tools]
         if tool_choice == "required":
             fmt = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
