@@ -65,8 +65,8 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
         + (f", {dropped:.0f} lost to the judge" if dropped else "")
         + ")"
         + (f", {_plural(shown, 'attempt')} demonstrated" if shown else "")
-        + (f", {explored:.0f} attempts explored" if explored else "")
-        + (f", {guided:.0f} attempts guided" if guided else "")
+        + (f", {_plural(explored, 'attempt')} explored" if explored else "")
+        + (f", {_plural(guided, 'attempt')} guided" if guided else "")
         + (f", {_plural(hindsight, 'hindsight task')} added" if hindsight else "")
         + (f"; no update: {_NO_SIGNAL[informative]}" if train("skipped_update", 0) else "")
         + f" | rollouts {row.get('time/rollout_s', 0):.0f} s, "

@@ -174,7 +174,12 @@ class ScenarioSampler:
             informative = is_informative(g, self.informative)
             solved = [t for t in g.trajectories if t.metrics.get(self._mark, 0.0) >= 1.0]
             own = sum(not _helped(t) for t in solved)
-            guided = [t.metadata["guided_calls"] for t in solved if "guided_calls" in t.metadata]
+            # calls made for a success: a demonstrated call after the guided ones counts too
+            guided = [
+                int(t.metadata["guided_calls"]) + ("first_arguments" in t.metadata)
+                for t in solved
+                if "guided_calls" in t.metadata
+            ]
             for s in (stats, kind):
                 s.groups += 1
                 s.informative += informative

@@ -142,7 +142,8 @@ class RunConfig(BaseModel):
         "choice, this many of a group's attempts start with the reference's first call, its "
         "arguments pinned (mcprl's engine; vLLM lets the model choose them), and go on as the "
         "policy chooses: demonstrations, whose call is trained on like the policy's own. Before "
-        "the explored attempts; 0 disables",
+        "the explored attempts; at a guided chain, the first N guided attempts are also shown "
+        "the call after the ones made for them. 0 disables",
     )
     guide: float = Field(
         default=0.0,
@@ -842,7 +843,11 @@ class TrainingRun:
             if self.sampler.solved(scenario):
                 return []
             n = math.ceil(self.config.guide * attempts)
-            return [{"guided_calls": self.sampler.guided_calls(scenario, rng)} for _ in range(n)]
+            starts = [{"guided_calls": self.sampler.guided_calls(scenario, rng)} for _ in range(n)]
+            for start in starts[: self.config.demonstrate]:  # and the call after them, pinned
+                after = chain[start["guided_calls"]]
+                start |= {"first_tool": after.tool, "first_arguments": after.arguments}
+            return starts
         if not self.sampler.unsolved(scenario):
             return []
         share = self.config.explore
@@ -904,9 +909,9 @@ class TrainingRun:
 
 
 def _help_kind(start: dict[str, Any]) -> str:
-    if "guided_calls" in start:
-        return "guided"
-    return "demonstrated" if "first_arguments" in start else "explored"
+    if "first_arguments" in start:
+        return "demonstrated"
+    return "guided" if "guided_calls" in start else "explored"
 
 
 def local_judge(

@@ -696,10 +696,18 @@ def test_the_calls_made_for_a_guided_attempt_fall_as_its_kind_gets_solved():
     sampler.observe([_group("long", [1.0, 0.0])])  # now one of its own: no more guiding
     assert sampler.solved(long) and not sampler.unsolved(long)
     assert sampler.guided_calls(_with_call("one"), rng) == 0  # a single call: nothing to make
+    shown = ScenarioSampler([long])  # a success with the call after 1 made calls is shown 2
+    demo = _group("long", [1.0, 0.0])
+    demo.trajectories[0].metadata |= {"guided_calls": 1, "first_arguments": "{}"}
+    shown.observe([demo])
+    assert {shown.guided_calls(long, rng) for _ in range(50)} == {1}
 
 
 @pytest.mark.anyio
-async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_path):
+@pytest.mark.parametrize("demonstrate", [0, 1])
+async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_path, demonstrate):
+    """With `demonstrate`, that many guided attempts are also shown the call after the ones
+    made for them (pinned, and trained on: a token-carrying turn of the attempt's own)."""
     scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _scenario("val")])
     scenarios.scenarios[-1].split = "val"
     said: list[str] = []
@@ -707,7 +715,7 @@ async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_pa
         backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
                            eval_every=0, reward="reference", write_report=False,
-                           guide=0.5)  # fmt: skip
+                           guide=0.5, demonstrate=demonstrate)  # fmt: skip
         run = TrainingRun(config, load_example("calculator").server, backend, say=said.append,
                           progress=False, observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)
@@ -720,6 +728,13 @@ async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_pa
         guided = [t for t in trained[0].trajectories if "guided_calls" in t.metadata]
         assert len(guided) == 2 and all(t.reward == 1.0 for t in guided)
         assert all(t.reward < 1.0 for t in own)
-        assert row["train/attempts_guided"] == 2
+        assert row["train/attempts_guided"] == 2 - demonstrate
+        assert row["train/attempts_demonstrated"] == demonstrate
         assert row["train/attempts_explored"] == 0  # guided instead of explored
-    assert "2 attempts guided" in said[-1]
+        shown = [t for t in guided if "first_arguments" in t.metadata]
+        assert len(shown) == demonstrate
+        for t in shown:  # the chain's second call, after the first made for it
+            assert (t.metadata["guided_calls"], t.metadata["first_tool"]) == (1, "multiply")
+            assert json.loads(t.metadata["first_arguments"]) == {"a": 5, "b": 4}
+            assert [c.message_index for c in t.choices] == [4, 6]  # the pinned call is trained
+    assert f"{2 - demonstrate} attempt{'s' if demonstrate == 0 else ''} guided" in said[-1]
