@@ -53,14 +53,11 @@ def _chain(calls: list[_Call]) -> list[tuple[_Call, set[str]]]:
     i = len(calls) - 1
     while True:
         _, args, _ = calls[i]
-        feeder = next(
-            (
-                (j, {k for k, v in args.items() if _feeds(v, calls[j][2])})
-                for j in range(i - 1, -1, -1)
-                if any(_feeds(v, calls[j][2]) for v in args.values())
-            ),
-            None,
+        fed_by = (
+            (j, {k for k, v in args.items() if _feeds(v, calls[j][2])})
+            for j in range(i - 1, -1, -1)
         )
+        feeder = next(((j, fed) for j, fed in fed_by if fed), None)
         if feeder is None:
             return chain
         j, fed = feeder

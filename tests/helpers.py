@@ -16,6 +16,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from mcprl.scenarios import Reference, Scenario
+
+# "What is the average of 23, 38 and 86?": a chain of three calls, each fed by the one before
+AVERAGE = Scenario(
+    id="avg",
+    task="What is the average of 23, 38 and 86?",
+    difficulty=4,
+    reference=Reference(
+        answer="49",
+        calls=[
+            {"tool": "add", "arguments": {"a": 23, "b": 38}},
+            {"tool": "add", "arguments": {"a": 61, "b": 86}},
+            {"tool": "divide", "arguments": {"a": 147, "b": 3}},
+        ],
+    ),
+)
+
 _ID = re.compile(r'<trajectory_[0-9a-f]+ id="([^"]+)">')
 
 

@@ -7,25 +7,10 @@ import json
 import torch
 
 from mcprl.rewards import call_turns, scorer
-from mcprl.scenarios import Reference, Scenario
 from mcprl.training import TrainConfig
 from mcprl.training._batch import build_sequences, call_bonuses, micro_batches
 from mcprl.types import Choice, Trajectory, TrajectoryGroup
-
-# "What is the average of 23, 38 and 86?": three calls in order
-AVERAGE = Scenario(
-    id="avg",
-    task="What is the average of 23, 38 and 86?",
-    difficulty=4,
-    reference=Reference(
-        answer="49",
-        calls=[
-            {"tool": "add", "arguments": {"a": 23, "b": 38}},
-            {"tool": "add", "arguments": {"a": 61, "b": 86}},
-            {"tool": "divide", "arguments": {"a": 147, "b": 3}},
-        ],
-    ),
-)
+from tests.helpers import AVERAGE
 
 
 def _attempt(*turns: tuple[str, dict], answer: str = "0", guided: int = 0) -> Trajectory:

@@ -15,21 +15,7 @@ from mcprl.scenarios import Reference, Scenario, ScenarioSet
 from mcprl.train import RunConfig, RunSummary, TrainingRun
 from mcprl.types import Trajectory, TrajectoryGroup
 from tests.fakes import FakeBackend
-from tests.helpers import LocalChatServer, load_example
-
-AVERAGE = Scenario(
-    id="avg",
-    task="What is the average of 23, 38 and 86?",
-    difficulty=4,
-    reference=Reference(
-        answer="49",
-        calls=[
-            {"tool": "add", "arguments": {"a": 23, "b": 38}},
-            {"tool": "add", "arguments": {"a": 61, "b": 86}},
-            {"tool": "divide", "arguments": {"a": 147, "b": 3}},
-        ],
-    ),
-)
+from tests.helpers import AVERAGE, LocalChatServer, load_example
 
 
 def _attempt(*calls: tuple[str, dict, str], answer: str, guided: int = 0) -> Trajectory:
