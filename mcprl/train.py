@@ -136,14 +136,15 @@ class RunConfig(BaseModel):
         "a seeded draw); 0 disables",
     )
     demonstrate: int = Field(
-        default=0,
+        default=2,
         ge=0,
         description="at a kind of task tried before and never solved by the policy's own "
         "choice, this many of a group's attempts start with the reference's first call, its "
         "arguments pinned (mcprl's engine; vLLM lets the model choose them), and go on as the "
         "policy chooses: demonstrations, whose call is trained on like the policy's own. Before "
         "the explored attempts; at a guided chain, the first N guided attempts are also shown "
-        "the call after the ones made for them. 0 disables",
+        "the call after the ones made for them (2 of 8: gnomon-mcp 0 -> 50% held out, where "
+        "without them no attempt ever succeeded). 0 disables",
     )
     guide: float = Field(
         default=0.0,

@@ -511,7 +511,7 @@ async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_othe
         backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=7, oversample=1,
                            eval_every=0, reward="reference", write_report=False,
-                           explore=explore)  # fmt: skip
+                           explore=explore, demonstrate=0)  # fmt: skip
         run = TrainingRun(config, calculator, backend, say=said.append, progress=False,
                           observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)

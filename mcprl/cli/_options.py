@@ -146,7 +146,7 @@ RUN = [
         "demonstrate",
         "at such a kind, this many attempts start with the reference's first call, its "
         "arguments pinned by mcprl's engine, and go on as the model chooses (default "
-        "{default}: off; see RESULTS.md)",
+        "{default}; 0 disables; see RESULTS.md)",
     ),
     Setting(
         "--guide",
