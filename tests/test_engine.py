@@ -191,7 +191,8 @@ def _accepts(engine, grammar, text: str) -> bool:
 
 def test_tool_call_numbers_have_bounded_length(engine):
     """A small model can write digits until its token limit; the grammar stops a number at 12
-    digits each side of its point and 3 in its exponent, in every offered tool."""
+    digits before its point, 17 after it (a float's repr, copied whole) and 3 in its exponent,
+    in every offered tool."""
     grammar = engine.grammars.compile(CALC_TOOLS, "required", None)
 
     def accepts(text: str) -> bool:
@@ -199,12 +200,13 @@ def test_tool_call_numbers_have_bounded_length(engine):
 
     head = '<tool_call>\n{"name": "multiply", "arguments": {"a": '
     assert accepts(head + '123456789012.123456789012, "b": -2e10}}\n</tool_call>')
+    assert accepts(head + '37.285714285714285, "b": 1}}\n</tool_call>')  # as a tool returned it
     assert not accepts(head + "1234567890123")
-    assert not accepts(head + "2.1234567890123")
+    assert not accepts(head + "2.123456789012345678")
     assert accepts(head + '1.5e308, "b": 2E-12}}\n</tool_call>')
     assert not accepts(head + "79.795373999999E+6105")  # float64 ends at 1e308
     other = '<tool_call>\n{"name": "convert_units", "arguments": {"value": 1.5'
-    assert accepts(other) and not accepts(other + "1234567890123")
+    assert accepts(other) and not accepts(other + "123456789012345678")
 
 
 def test_tool_call_arguments_are_compact_json(engine):

@@ -28,10 +28,15 @@ from mcprl.serving._chat import TOOL_CALL_BEGIN, TOOL_CALL_END
 __all__ = ["CanonicalTokens", "GrammarError", "GrammarFactory"]
 
 
-# A JSON number in a tool call has at most this many digits before and after its point: float64
-# holds about 17 significant digits, and a small model can otherwise write digits until its
-# token limit (`"b": 29.3250011111111112311001113124999…`), ending the attempt with no call.
+# A JSON number in a tool call has at most this many digits before its point, and
+# MAX_FRACTION_DIGITS after it: a small model can otherwise write digits until its token limit
+# (`"b": 29.3250011111111112311001113124999…`), ending the attempt with no call.
 MAX_NUMBER_DIGITS = 12
+# A float's shortest repr has at most 17 significant digits, so a result such as
+# 37.285714285714285 can be copied whole. At 12 the copy hit the cap and the model, still
+# wanting digits, wrote the exponent the grammar offered: `37.285714285714E+23` (gnomon-mcp,
+# L90: 3 of its 6 val tasks failed only so).
+MAX_FRACTION_DIGITS = 17
 # An exponent has at most 3 digits: float64 ends at 1e308. A trained small model otherwise writes
 # `79.795373999999E+6105`, which parses as infinity or fails the call.
 MAX_EXPONENT_DIGITS = 3
@@ -47,10 +52,10 @@ def _bounded_ebnf(schema: str) -> str:
     # Compact JSON (`{"a": 1, "b": 2}`), as the chat template shows calls: free whitespace slots
     # are where a trained small model drifts (tabs before numbers), and its copying breaks there.
     ebnf = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
-    k, e = MAX_NUMBER_DIGITS, MAX_EXPONENT_DIGITS
+    k, f, e = MAX_NUMBER_DIGITS, MAX_FRACTION_DIGITS, MAX_EXPONENT_DIGITS
     ebnf = ebnf.replace("[1-9] [0-9]*", f"[1-9] [0-9]{{0, {k - 1}}}")
     ebnf = re.sub(r"(\[eE\][^\n]*?_digits\)?\)?)\{1, -1\}", rf"\1{{1, {e}}}", ebnf)
-    return re.sub(r"(_digits\)?\)?)\{1, -1\}", rf"\1{{1, {k}}}", ebnf)
+    return re.sub(r"(_digits\)?\)?)\{1, -1\}", rf"\1{{1, {f}}}", ebnf)  # the fraction
 
 
 def _pinned(tool: dict[str, Any], arguments: Any) -> dict[str, Any]:
