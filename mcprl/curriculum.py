@@ -84,6 +84,13 @@ def _helped(t: Any) -> bool:
     return "first_tool" in t.metadata or "guided_calls" in t.metadata
 
 
+def _demonstrated(t: Any) -> int:
+    """How many calls the loop pinned for the attempt (`RolloutConfig.next_calls`)."""
+    if "first_arguments" not in t.metadata:
+        return 0
+    return int(t.metadata.get("demonstrated_calls", 1))
+
+
 def task_kind(scenario: Scenario) -> tuple[str, ...]:
     """The tools its reference calls, in order (its own id when it has no reference calls); a
     hindsight task's kind is marked as such (`mcprl.hindsight`): solving one is not solving the
@@ -174,9 +181,9 @@ class ScenarioSampler:
             informative = is_informative(g, self.informative)
             solved = [t for t in g.trajectories if t.metrics.get(self._mark, 0.0) >= 1.0]
             own = sum(not _helped(t) for t in solved)
-            # calls made for a success: a demonstrated call after the guided ones counts too
+            # calls made for a success: the demonstrated calls after the guided ones count too
             guided = [
-                int(t.metadata["guided_calls"]) + ("first_arguments" in t.metadata)
+                int(t.metadata["guided_calls"]) + _demonstrated(t)
                 for t in solved
                 if "guided_calls" in t.metadata
             ]

@@ -454,7 +454,9 @@ def _render(t: Trajectory, reference: str | None = None) -> str:
         outcome += f" · reference {reference}"
     if t.metadata.get("first_arguments") is not None:  # the loop made the whole first call
         call = f"{t.metadata['first_tool']}({t.metadata['first_arguments']})"
-        outcome += f" · demonstrated: first call {call}, pinned by the loop"
+        pinned = int(t.metadata.get("demonstrated_calls", 1))
+        more = f" and the {pinned - 1} after it" if pinned > 1 else ""
+        outcome += f" · demonstrated: first call {call}{more}, pinned by the loop"
     elif t.metadata.get("first_tool") is not None:  # the loop chose the first call (exploring)
         outcome += f" · exploring: first call {t.metadata['first_tool']}, chosen by the loop"
     return (

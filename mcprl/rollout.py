@@ -29,7 +29,8 @@ Five defaults make the loop finishable by a small model (`RolloutConfig`, all sw
   exploration of kinds of task no attempt has solved yet (`RunConfig.explore`); with
   `first_arguments` too, the call's arguments are pinned as well (mcprl's engine; another
   server lets the model choose them): a demonstration of the reference's first call, whose
-  tokens are the model's own and are trained on (`RunConfig.demonstrate`);
+  tokens are the model's own and are trained on (`RunConfig.demonstrate`); `next_calls` pins
+  the calls after it in turn (the reference's whole chain, `RunConfig.demonstrate_calls`);
 - `results_as="json"`: a tool result whose structured content says the same as its text is shown
   as that JSON (`{"result": -160.0}`, not `-160`), the form the model writes `complete_task`'s
   arguments in, so a copied value keeps its spelling: in `"answer": -160` the sign is the token
@@ -225,6 +226,12 @@ class RolloutConfig(BaseModel):
         "(`tool_choice.function.arguments`; other servers ignore it): the training loop's "
         "demonstrations of a reference's first call",
     )
+    next_calls: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="with first_arguments: the calls pinned on the turns after the first, in "
+        'order, each {"tool": ..., "arguments": {...}} (mcprl\'s engine): a demonstration of '
+        "the reference's whole chain, every call the model's own tokens, trained on",
+    )
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -308,10 +315,22 @@ async def rollout(
                 "first_arguments pins the arguments of the first call, which needs first_tool "
                 "(the tool it calls)"
             )
+        if config.next_calls and config.first_arguments is None:
+            raise UsageError(
+                "next_calls pins the calls after a pinned first call, which needs first_tool "
+                "and first_arguments"
+            )
+        unknown = [c.get("tool") for c in config.next_calls if c.get("tool") not in by_name]
+        if unknown:
+            raise UsageError(
+                f"next_calls names {unknown[0]!r}, not a tool of this server "
+                f"(it has {', '.join(by_name) or 'none'})"
+            )
         if config.first_tool is not None:
             traj.metadata["first_tool"] = config.first_tool  # an exploring attempt
         if config.first_arguments is not None:  # a demonstrated one
             traj.metadata["first_arguments"] = json.dumps(config.first_arguments)
+            traj.metadata["demonstrated_calls"] = 1 + len(config.next_calls)
         kind = answer_type(scenario) if config.typed_answer else None
         traj.tools = [*openai_tools(mcp_tools), complete_task_tool(kind)]
         traj.messages = [
@@ -473,14 +492,18 @@ async def _single_turn(model: Policy, scenario: Scenario, config: RolloutConfig,
 
 def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
     """This turn's tool_choice: complete_task alone on a forced last turn; `first_tool` alone on
-    the first (with `first_arguments` pinned, where set); every tool but complete_task until
-    the attempt has called one (`look_before_answer`)."""
+    the first (with `first_arguments` pinned, where set), and `next_calls` pinned in turn after
+    it; every tool but complete_task until the attempt has called one (`look_before_answer`)."""
     if config.force_final_answer and turn == config.max_turns - 1:
         return {"type": "function", "function": {"name": COMPLETE_TASK}}
     if turn == 0 and config.first_tool is not None:
         function: dict[str, Any] = {"name": config.first_tool}
         if config.first_arguments is not None:
             function["arguments"] = config.first_arguments
+        return {"type": "function", "function": function}
+    if config.first_arguments is not None and 0 < turn <= len(config.next_calls):
+        call = config.next_calls[turn - 1]
+        function = {"name": call["tool"], "arguments": call["arguments"]}
         return {"type": "function", "function": function}
     others = [t for t in traj.tools if t["function"]["name"] != COMPLETE_TASK]
     looked = any(m["role"] == "tool" for m in traj.messages)

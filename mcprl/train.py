@@ -146,6 +146,13 @@ class RunConfig(BaseModel):
         "the call after the ones made for them (2 of 8: gnomon-mcp 0 -> 50% held out, where "
         "without them no attempt ever succeeded). 0 disables",
     )
+    demonstrate_calls: int = Field(
+        default=1,
+        ge=0,
+        description="how many of the reference's calls a demonstration pins, in turn from the "
+        "first it shows (each the model's own tokens, trained on); 0: every call left in the "
+        "chain",
+    )
     guide: float = Field(
         default=0.0,
         ge=0.0,
@@ -845,9 +852,8 @@ class TrainingRun:
                 return []
             n = math.ceil(self.config.guide * attempts)
             starts = [{"guided_calls": self.sampler.guided_calls(scenario, rng)} for _ in range(n)]
-            for start in starts[: self.config.demonstrate]:  # and the call after them, pinned
-                after = chain[start["guided_calls"]]
-                start |= {"first_tool": after.tool, "first_arguments": after.arguments}
+            for start in starts[: self.config.demonstrate]:  # and the calls after them, pinned
+                start |= self._demonstration(chain[start["guided_calls"] :])
             return starts
         if not self.sampler.unsolved(scenario):
             return []
@@ -856,8 +862,7 @@ class TrainingRun:
         tools = [t.name for t in self.info.tools if t.name not in hidden] if self.info else []
         shown: list[dict[str, Any]] = []
         if chain and chain[0].tool in tools:
-            call = {"first_tool": chain[0].tool, "first_arguments": chain[0].arguments}
-            shown = [call] * min(self.config.demonstrate, attempts - 1)  # one stays its own
+            shown = [self._demonstration(chain)] * min(self.config.demonstrate, attempts - 1)
         if share <= 0 or len(tools) < 2:
             return shown
         k = min(len(tools), math.ceil(share * attempts), attempts - len(shown))
@@ -867,6 +872,17 @@ class TrainingRun:
         first = first[:k]
         others = rng.sample([t for t in tools if t not in first], k - len(first))
         return shown + [{"first_tool": tool} for tool in first + others]
+
+    def _demonstration(self, calls: list[Any]) -> dict[str, Any]:
+        """The start of a demonstration of `calls` (reference calls, the first one due next):
+        the first `demonstrate_calls` of them pinned in turn (0: all)."""
+        n = self.config.demonstrate_calls or len(calls)
+        first, *rest = calls[:n]
+        return {
+            "first_tool": first.tool,
+            "first_arguments": first.arguments,
+            "next_calls": [{"tool": c.tool, "arguments": c.arguments} for c in rest],
+        }
 
     async def _collect(
         self,

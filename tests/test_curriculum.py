@@ -581,6 +581,58 @@ async def test_a_demonstration_pins_the_reference_call_the_policy_never_writes(
     assert f"{_plural_attempts(shown)} demonstrated" in said[-1]
 
 
+def _answers_after_one_call(body: dict) -> tuple[int, dict]:
+    """Makes a pinned call where the tool_choice pins one; else multiplies 2 by 3 first, and
+    answers with its last result as soon as it has one (a chain's second call never comes)."""
+    status, reply = _policy(body)
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    results = [json.loads(m["content"])["result"] for m in body["messages"] if m["role"] == "tool"]
+    choice = body.get("tool_choice")
+    pinned = choice.get("function", {}) if isinstance(choice, dict) else {}
+    if "arguments" in pinned:
+        call["name"], call["arguments"] = pinned["name"], json.dumps(pinned["arguments"])
+    elif not results:
+        call["name"], call["arguments"] = "multiply", json.dumps({"a": 2, "b": 3})
+    else:
+        call["arguments"] = json.dumps({"answer": results[-1]})
+    return status, reply
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("calls", [1, 0])
+async def test_a_demonstration_of_the_whole_chain_pins_each_call_in_turn(tmp_path, calls):
+    """The policy answers after its first call. Shown the chain's first call alone
+    (`demonstrate_calls=1`) it still answers too early; shown every call (0), each pinned on
+    its turn, the demonstrations succeed and every call is a trained turn of their own."""
+    scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _scenario("val")])
+    for s, split in zip(scenarios.scenarios, ["train", "train", "val"], strict=True):
+        s.split = split
+    with LocalChatServer(_answers_after_one_call) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
+                           eval_every=0, reward="reference", write_report=False, explore=0,
+                           demonstrate=2, demonstrate_calls=calls)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+        await run._step(summary)
+    assert backend.rows[1]["train/attempts_demonstrated"] == 2
+    assert run.sampler.unsolved(scenarios.scenarios[0])  # demonstrations are not its own
+    if calls == 1:
+        assert backend.rows[1]["train/success"] == 0 == backend.rows[1]["train/groups_trained"]
+        return
+    shown = [t for t in backend.trained[-1][0].trajectories if "first_arguments" in t.metadata]
+    assert len(shown) == 2 and all(t.reward == 1.0 for t in shown)
+    for t in shown:
+        assert t.metadata["demonstrated_calls"] == 2
+        made = [c["function"] for m in t.messages for c in m.get("tool_calls") or []]
+        assert [(c["name"], json.loads(c["arguments"])) for c in made[:2]] == [
+            ("add", {"a": 2, "b": 3}), ("multiply", {"a": 5, "b": 4})]  # fmt: skip
+        assert [c.message_index for c in t.choices] == [2, 4, 6]  # each call trained
+
+
 def _plural_attempts(n: int) -> str:
     return f"{n} attempt" + ("s" if n != 1 else "")
 
@@ -701,6 +753,10 @@ def test_the_calls_made_for_a_guided_attempt_fall_as_its_kind_gets_solved():
     demo.trajectories[0].metadata |= {"guided_calls": 1, "first_arguments": "{}"}
     shown.observe([demo])
     assert {shown.guided_calls(long, rng) for _ in range(50)} == {1}
+    more = ScenarioSampler([long])  # 1 made and 2 demonstrated: 3 shown
+    demo.trajectories[0].metadata["demonstrated_calls"] = 2
+    more.observe([demo])
+    assert {more.guided_calls(long, rng) for _ in range(50)} == {1, 2}
 
 
 @pytest.mark.anyio

@@ -402,6 +402,27 @@ async def test_first_arguments_pin_the_first_call_and_mark_the_attempt_demonstra
         await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
 
 
+async def test_next_calls_pin_the_calls_after_the_first_in_turn(calculator):
+    square = [{"tool": "multiply", "arguments": {"a": 42, "b": 42}}]
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("multiply", {"a": 42, "b": 42})),
+        reply(call("complete_task", {"answer": 1764.0})),
+    )
+    config = RolloutConfig(max_turns=3, turn_budget="fixed", first_tool="multiply",
+                           first_arguments={"a": 6, "b": 7}, next_calls=square)  # fmt: skip
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
+    pins = [r["tool_choice"].get("function", {}).get("arguments") for r in policy.requests]
+    assert pins == [{"a": 6, "b": 7}, {"a": 42, "b": 42}, None]  # the answer is the policy's
+    assert t.metadata["demonstrated_calls"] == 2
+    with pytest.raises(ValueError, match=r"next_calls .* needs first_tool and first_arguments"):
+        bad = RolloutConfig(first_tool="multiply", next_calls=square)
+        await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
+    with pytest.raises(ValueError, match=r"next_calls names 'modulo', not a tool"):
+        bad = config.model_copy(update={"next_calls": [{"tool": "modulo", "arguments": {}}]})
+        await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
+
+
 async def test_text_answers_and_the_switches_of_the_final_turn(calculator):
     text = Scenario(id="t", task="Who?", difficulty=1, reference=Reference(answer="Mary Shelley"))
     policy = ScriptedPolicy(reply(call("complete_task", {"answer": "It was Mary Shelley"})))

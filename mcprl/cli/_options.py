@@ -149,6 +149,12 @@ RUN = [
         "{default}; 0 disables; see RESULTS.md)",
     ),
     Setting(
+        "--demonstrate-calls",
+        "demonstrate_calls",
+        "how many of the reference's calls a demonstration pins, in turn (default {default}: "
+        "the first; 0: the whole chain; see RESULTS.md)",
+    ),
+    Setting(
         "--guide",
         "guide",
         "at a chain of 2+ calls the model's own attempts have not solved (from its first "
