@@ -113,14 +113,14 @@ def test_pinned_arguments_give_that_exact_call_with_the_models_log_probs(client)
     """mcprl's `function.arguments` extension (demonstrations): every sample is the call with
     those arguments, however unlikely the model finds them, and its log-probabilities are the
     model's (what a trainer's ratio needs), not the pinned distribution's zeros."""
-    pinned = {"value": 26.2, "from_unit": "mile", "to_unit": "km"}
+    pinned = {"value": 26.2, "from_unit": 'mile "US"', "to_unit": "km"}
     choice = {"type": "function", "function": {"name": "convert_units", "arguments": pinned}}
     r = ask(client, "Multiply 3 by 4.", tools=CALC_TOOLS, tool_choice=choice, n=3, seed=5,
             logprobs=True, max_tokens=72)  # fmt: skip
     for c in r.choices:
         (call,) = c.message.tool_calls
         assert call.function.name == "convert_units"
-        assert json.loads(call.function.arguments) == pinned
+        assert call.function.arguments == json.dumps(pinned)  # 26.2, not 26.199999999999999
     model = r.choices[0].model_extra["mcprl"]["model_logprobs"]
     assert min(model) < -1.0  # "mile" for "Multiply 3 by 4." is not what the model would write
     free = ask(client, "Multiply 3 by 4.", tools=CALC_TOOLS, tool_choice=choice | {

@@ -58,31 +58,29 @@ def _bounded_ebnf(schema: str) -> str:
     return re.sub(r"(_digits\)?\)?)\{1, -1\}", rf"\1{{1, {f}}}", ebnf)  # the fraction
 
 
-def _pinned(tool: dict[str, Any], arguments: Any) -> dict[str, Any]:
-    """`tool` with its arguments fixed to `arguments` (each a JSON-schema `const`, in order)."""
+def _pinned(arguments: Any) -> str:
+    """EBNF for exactly `arguments`, spelled as compact JSON (`{"a": 7, "b": 9.48}`): the
+    shortest spelling of each number, as a reference states it and as a call writes it. (A
+    JSON-schema `const` spelled 9.48 as `9.4800000000000004`, which a demonstration then
+    trained the model to write.)"""
     if not isinstance(arguments, dict):
         raise GrammarError(
             "tool_choice.function.arguments must be a JSON object of the call's arguments, "
             f"got {type(arguments).__name__}"
         )
-    fn = tool.get("function", tool)
-    schema = {
-        "type": "object",
-        "properties": {k: {"const": v} for k, v in arguments.items()},
-        "required": list(arguments),
-        "additionalProperties": False,
-    }
-    return {"name": fn["name"], "parameters": schema}
+    text = json.dumps(arguments, ensure_ascii=False)
+    return 'root ::= "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _tag(tool: dict[str, Any]) -> dict[str, Any]:
+def _tag(tool: dict[str, Any], grammar: str | None = None) -> dict[str, Any]:
+    """A call of `tool`: its arguments valid against its schema, or matching `grammar`."""
     fn = tool.get("function", tool)
     schema = fn.get("parameters") or {"type": "object", "properties": {}}
     name = json.dumps(fn["name"], ensure_ascii=False)
     return {
         "type": "tag",
         "begin": f'{TOOL_CALL_BEGIN}\n{{"name": {name}, "arguments": ',
-        "content": {"type": "grammar", "grammar": _arguments_grammar(schema)},
+        "content": {"type": "grammar", "grammar": grammar or _arguments_grammar(schema)},
         "end": f"}}\n{TOOL_CALL_END}",
     }
 
@@ -151,10 +149,9 @@ class GrammarFactory:
             chosen = [t for t in tools if t.get("function", t).get("name") == wanted]
             if not chosen:
                 raise GrammarError(f"tool_choice names {wanted!r}, which is not among the tools")
-            tool = chosen[0]
-            if function.get("arguments") is not None:
-                tool = _pinned(tool, function["arguments"])
-            return self._structural(_tag(tool))
+            pinned = function.get("arguments")
+            grammar = _pinned(pinned) if pinned is not None else None
+            return self._structural(_tag(chosen[0], grammar))
         tags = [_tag(t) for t in tools]
         if tool_choice == "required":
             fmt = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
