@@ -61,7 +61,7 @@ def _mcprl(*args: str, log: Path) -> float:
 # `mcprl train` flags that `mcprl eval` takes too, and that change how an attempt is made
 _EVAL_VALUED = ("--dtype", "--device", "--temperature", "--top-p", "--min-p", "--max-turns",
                 "--max-tokens", "--results-as")  # fmt: skip
-_EVAL_SWITCHES = ("--early-answer", "--fresh-sessions", "--allow-writes")
+_EVAL_SWITCHES = ("--early-answer", "--answer-last", "--fresh-sessions", "--allow-writes")
 
 
 def eval_flags(train_flags: list[str]) -> list[str]:

@@ -25,6 +25,8 @@ Five defaults make the loop finishable by a small model (`RolloutConfig`, all sw
 - `look_before_answer`: until the attempt has called a tool, `complete_task` is not allowed
   (OpenAI's `allowed_tools` tool choice; the prompt still lists every tool), so no attempt ends
   with a guess copied from the task;
+- `answer_on_last_turn`: `complete_task` only on the last turn, so an attempt at a chain makes
+  one call per turn of its budget instead of answering after its first result;
 - `first_tool`: the first turn must call this tool (a named tool choice): the training loop's
   exploration of kinds of task no attempt has solved yet (`RunConfig.explore`); with
   `first_arguments` too, the call's arguments are pinned as well (mcprl's engine; another
@@ -182,6 +184,13 @@ class RolloutConfig(BaseModel):
         description="complete_task is not allowed before the attempt's first tool call (no "
         "answer guessed before looking). Sent as OpenAI's allowed_tools tool_choice, so the "
         "prompt still lists every tool; turn it off for an endpoint that rejects that",
+    )
+    answer_on_last_turn: bool = Field(
+        default=False,
+        description="complete_task is allowed on the last turn only: every turn before it is "
+        "a tool call, so an attempt makes as many calls as its turn budget leaves (with "
+        'turn_budget="reference", one per reference call) and cannot stop a chain after its '
+        "first result. Sent as allowed_tools, as look_before_answer",
     )
     elicitation: ElicitationPolicy = Field(
         default="decline",
@@ -493,7 +502,8 @@ async def _single_turn(model: Policy, scenario: Scenario, config: RolloutConfig,
 def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
     """This turn's tool_choice: complete_task alone on a forced last turn; `first_tool` alone on
     the first (with `first_arguments` pinned, where set), and `next_calls` pinned in turn after
-    it; every tool but complete_task until the attempt has called one (`look_before_answer`)."""
+    it; every tool but complete_task until the attempt has called one (`look_before_answer`),
+    or until the last turn (`answer_on_last_turn`)."""
     if config.force_final_answer and turn == config.max_turns - 1:
         return {"type": "function", "function": {"name": COMPLETE_TASK}}
     if turn == 0 and config.first_tool is not None:
@@ -507,7 +517,8 @@ def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
         return {"type": "function", "function": function}
     others = [t for t in traj.tools if t["function"]["name"] != COMPLETE_TASK]
     looked = any(m["role"] == "tool" for m in traj.messages)
-    if not config.look_before_answer or looked or not others or len(others) == len(traj.tools):
+    hold = config.answer_on_last_turn or (config.look_before_answer and not looked)
+    if not hold or not others or len(others) == len(traj.tools):
         return config.tool_choice
     allowed = [{"type": "function", "function": {"name": t["function"]["name"]}} for t in others]
     return {

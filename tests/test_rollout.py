@@ -423,6 +423,33 @@ async def test_next_calls_pin_the_calls_after_the_first_in_turn(calculator):
         await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
 
 
+async def test_answer_on_last_turn_holds_complete_task_back_until_the_last_turn(calculator):
+    """A chain of two calls: the policy would answer after the first result; with
+    answer_on_last_turn the second turn may only call a tool, the third only answer."""
+    calls = [ReferenceCall(tool="multiply", arguments={"a": 6, "b": 7}),
+             ReferenceCall(tool="multiply", arguments={"a": 42, "b": 42})]  # fmt: skip
+    reference = Reference(answer="1764", calls=calls)
+    chain = Scenario(id="c", task="What is 6 times 7, squared?", difficulty=2, reference=reference)
+    script = (
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("multiply", {"a": 42, "b": 42})),
+        reply(call("complete_task", {"answer": 1764.0})),
+    )
+    policy = ScriptedPolicy(*script)
+    held = RolloutConfig(answer_on_last_turn=True)
+    t = await rollout(MODEL, chain, calculator, held, client=policy)
+    kinds = [r["tool_choice"]["type"] for r in policy.requests]
+    assert kinds == ["allowed_tools", "allowed_tools", "function"]  # 3 turns: 2 calls + answer
+    allowed = {
+        x["function"]["name"] for x in policy.requests[1]["tool_choice"]["allowed_tools"]["tools"]
+    }
+    assert "complete_task" not in allowed and "multiply" in allowed
+    assert reference_reward(t, chain) == 1.0
+    free = ScriptedPolicy(*script)
+    await rollout(MODEL, chain, calculator, RolloutConfig(), client=free)
+    assert free.requests[1]["tool_choice"] == "required"  # by default it may answer after one
+
+
 async def test_text_answers_and_the_switches_of_the_final_turn(calculator):
     text = Scenario(id="t", task="Who?", difficulty=1, reference=Reference(answer="Mary Shelley"))
     policy = ScriptedPolicy(reply(call("complete_task", {"answer": "It was Mary Shelley"})))

@@ -73,6 +73,13 @@ ROLLOUT = [
         const=False,
     ),
     Setting(
+        "--answer-last",
+        "answer_on_last_turn",
+        "let an attempt call complete_task on its last turn only: each turn before it is a "
+        "tool call (with a reference's turn budget, one per reference call; see RESULTS.md)",
+        const=True,
+    ),
+    Setting(
         "--fresh-sessions",
         "share_session",
         "a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
