@@ -17,6 +17,9 @@ import json
 import re
 from pathlib import Path
 
+from mcprl.rollout import COMPLETE_TASK
+from mcprl.scenarios import ScenarioSet
+
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
@@ -32,7 +35,7 @@ def attempt_row(messages: list[dict], task_numbers: set[float]) -> tuple[int, bo
     for m in messages:
         if m["role"] == "assistant":
             for call in m.get("tool_calls") or []:
-                if call["function"]["name"] == "complete_task":
+                if call["function"]["name"] == COMPLETE_TASK:
                     continue
                 calls += 1
                 used = _numbers(call["function"].get("arguments") or "")
@@ -47,10 +50,7 @@ def main() -> None:
     parser.add_argument("run", type=Path)
     parser.add_argument("--split", default="train", choices=["train", "val"])
     args = parser.parse_args()
-    scenarios = {}
-    for line in (args.run / "scenarios.jsonl").read_text().splitlines():
-        s = json.loads(line)
-        scenarios[s["id"]] = s
+    scenarios = {s.id: s for s in ScenarioSet.load(args.run / "scenarios.jsonl")}
     totals = [0, 0, 0, 0]
     print("step  own attempts at chains  >=2 calls  fed a result forward  succeeded")
     for path in sorted((args.run / "trajectories" / args.split).glob("*.jsonl")):
@@ -58,9 +58,9 @@ def main() -> None:
         for line in path.read_text().splitlines():
             group = json.loads(line)
             s = scenarios.get(group["scenario_id"])
-            if s is None or len((s.get("reference") or {}).get("calls") or []) < 2:
+            if s is None or s.reference is None or len(s.reference.calls) < 2:
                 continue
-            task = _numbers(s["task"])
+            task = _numbers(s.task)
             for t in group["trajectories"]:
                 if "first_arguments" in t.get("metadata", {}):
                     continue
