@@ -365,7 +365,10 @@ async def _scenario(name: str, drawn: tuple) -> Scenario:
         id=f"{name}-{digest}",
         task=task,
         difficulty=level,
-        reference=Reference(answer=_fmt(answer), calls=ref_calls),
+        # The catalog's and the notes' answers are the server's data (a year, a count, a yes or
+        # no), which a guess can hit: right only with the calls. A calculator answer a model
+        # works out unaided is right.
+        reference=Reference(answer=_fmt(answer), calls=ref_calls, needs_calls=name != "calculator"),
         tags=["curated", name],
     )
 
