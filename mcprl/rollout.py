@@ -32,7 +32,8 @@ Five defaults make the loop finishable by a small model (`RolloutConfig`, all sw
   `first_arguments` too, the call's arguments are pinned as well (mcprl's engine; another
   server lets the model choose them): a demonstration of the reference's first call, whose
   tokens are the model's own and are trained on (`RunConfig.demonstrate`); `next_calls` pins
-  the calls after it in turn (the reference's whole chain, `RunConfig.demonstrate_calls`);
+  the calls after it in turn (the reference's whole chain, `RunConfig.demonstrate_calls`), and
+  `pinned_answer` the `complete_task` after them (`RunConfig.demonstrate_answer`);
 - `results_as="json"`: a tool result whose structured content says the same as its text is shown
   as that JSON (`{"result": -160.0}`, not `-160`), the form the model writes `complete_task`'s
   arguments in, so a copied value keeps its spelling: in `"answer": -160` the sign is the token
@@ -241,6 +242,12 @@ class RolloutConfig(BaseModel):
         'order, each {"tool": ..., "arguments": {...}} (mcprl\'s engine): a demonstration of '
         "the reference's whole chain, every call the model's own tokens, trained on",
     )
+    pinned_answer: str | None = Field(
+        default=None,
+        description="with first_arguments: the answer complete_task is pinned to on the turn "
+        "after the pinned calls (mcprl's engine), written as complete_task's schema types it: "
+        "a demonstration of the whole attempt, the reference's calls and its answer",
+    )
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -329,6 +336,11 @@ async def rollout(
                 "next_calls pins the calls after a pinned first call, which needs first_tool "
                 "and first_arguments"
             )
+        if config.pinned_answer is not None and config.first_arguments is None:
+            raise UsageError(
+                "pinned_answer pins complete_task after pinned calls, which needs first_tool "
+                "and first_arguments"
+            )
         unknown = [c.get("tool") for c in config.next_calls if c.get("tool") not in by_name]
         if unknown:
             raise UsageError(
@@ -340,6 +352,8 @@ async def rollout(
         if config.first_arguments is not None:  # a demonstrated one
             traj.metadata["first_arguments"] = json.dumps(config.first_arguments)
             traj.metadata["demonstrated_calls"] = 1 + len(config.next_calls)
+            if config.pinned_answer is not None:
+                traj.metadata["demonstrated_answer"] = config.pinned_answer
         kind = answer_type(scenario) if config.typed_answer else None
         traj.tools = [*openai_tools(mcp_tools), complete_task_tool(kind)]
         traj.messages = [
@@ -503,7 +517,11 @@ def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
     """This turn's tool_choice: complete_task alone on a forced last turn; `first_tool` alone on
     the first (with `first_arguments` pinned, where set), and `next_calls` pinned in turn after
     it; every tool but complete_task until the attempt has called one (`look_before_answer`),
-    or until the last turn (`answer_on_last_turn`)."""
+    or until the last turn (`answer_on_last_turn`). After the pinned calls, a `pinned_answer`
+    pins complete_task and its answer."""
+    pinned = config.first_arguments is not None and config.pinned_answer is not None
+    if pinned and turn == len(config.next_calls) + 1:
+        return {"type": "function", "function": _pinned_answer(traj, config.pinned_answer)}
     if config.force_final_answer and turn == config.max_turns - 1:
         return {"type": "function", "function": {"name": COMPLETE_TASK}}
     if turn == 0 and config.first_tool is not None:
@@ -525,6 +543,19 @@ def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
         "type": "allowed_tools",
         "allowed_tools": {"mode": config.tool_choice, "tools": allowed},
     }
+
+
+def _pinned_answer(traj: Trajectory, answer: str) -> dict[str, Any]:
+    """complete_task with `answer` pinned, typed as the attempt's complete_task takes it (a
+    number where its schema says so, else the text; the untyped form's `summary`)."""
+    tool = next(t for t in traj.tools if t["function"]["name"] == COMPLETE_TASK)
+    schema = tool["function"]["parameters"]
+    key = schema["required"][0]
+    value: Any = answer
+    if schema["properties"][key].get("type") == "number":
+        value = float(answer)
+        value = int(value) if value.is_integer() and abs(value) < 1e15 else value
+    return {"name": COMPLETE_TASK, "arguments": {key: value}}
 
 
 def _trainable(model: Policy) -> bool:

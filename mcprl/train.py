@@ -153,6 +153,12 @@ class RunConfig(BaseModel):
         "first it shows (each the model's own tokens, trained on); 0: every call left in the "
         "chain",
     )
+    demonstrate_answer: bool = Field(
+        default=False,
+        description="a demonstration that pins every call left in the reference's chain (a "
+        "one-call task's, or any with demonstrate_calls 0) pins complete_task's answer after "
+        "them too, the reference's (mcprl's engine): the whole attempt shown, trained on",
+    )
     guide: float = Field(
         default=0.0,
         ge=0.0,
@@ -853,7 +859,7 @@ class TrainingRun:
             n = math.ceil(self.config.guide * attempts)
             starts = [{"guided_calls": self.sampler.guided_calls(scenario, rng)} for _ in range(n)]
             for start in starts[: self.config.demonstrate]:  # and the calls after them, pinned
-                start |= self._demonstration(chain[start["guided_calls"] :])
+                start |= self._demonstration(scenario, chain[start["guided_calls"] :])
             return starts
         if not self.sampler.unsolved(scenario):
             return []
@@ -862,7 +868,8 @@ class TrainingRun:
         tools = [t.name for t in self.info.tools if t.name not in hidden] if self.info else []
         shown: list[dict[str, Any]] = []
         if chain and chain[0].tool in tools:
-            shown = [self._demonstration(chain)] * min(self.config.demonstrate, attempts - 1)
+            n = min(self.config.demonstrate, attempts - 1)
+            shown = [self._demonstration(scenario, chain)] * n
         if share <= 0 or len(tools) < 2:
             return shown
         k = min(len(tools), math.ceil(share * attempts), attempts - len(shown))
@@ -873,16 +880,21 @@ class TrainingRun:
         others = rng.sample([t for t in tools if t not in first], k - len(first))
         return shown + [{"first_tool": tool} for tool in first + others]
 
-    def _demonstration(self, calls: list[Any]) -> dict[str, Any]:
-        """The start of a demonstration of `calls` (reference calls, the first one due next):
-        the first `demonstrate_calls` of them pinned in turn (0: all)."""
+    def _demonstration(self, scenario: Scenario, calls: list[Any]) -> dict[str, Any]:
+        """The start of a demonstration of `calls` (`scenario`'s reference calls, the first
+        one due next): the first `demonstrate_calls` of them pinned in turn (0: all), and
+        where that is all of them, with `demonstrate_answer`, the reference's answer."""
         n = self.config.demonstrate_calls or len(calls)
         first, *rest = calls[:n]
-        return {
+        start = {
             "first_tool": first.tool,
             "first_arguments": first.arguments,
             "next_calls": [{"tool": c.tool, "arguments": c.arguments} for c in rest],
         }
+        answer = scenario.reference.answer if scenario.reference is not None else None
+        if self.config.demonstrate_answer and n >= len(calls) and answer is not None:
+            start["pinned_answer"] = answer
+        return start
 
     async def _collect(
         self,

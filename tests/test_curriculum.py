@@ -633,6 +633,60 @@ async def test_a_demonstration_of_the_whole_chain_pins_each_call_in_turn(tmp_pat
         assert [c.message_index for c in t.choices] == [2, 4, 6]  # each call trained
 
 
+def _never_reads_its_result(body: dict) -> tuple[int, dict]:
+    """Makes a pinned call (answer included) where the tool_choice pins one; else calls
+    add(2, 3) first, then answers 7 whatever the result said (the catalog's habit: a count
+    in front of it, another number answered)."""
+    status, reply = _policy(body)
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    choice = body.get("tool_choice")
+    pinned = choice.get("function", {}) if isinstance(choice, dict) else {}
+    if "arguments" in pinned:
+        call["name"], call["arguments"] = pinned["name"], json.dumps(pinned["arguments"])
+    elif not any(m["role"] == "tool" for m in body["messages"]):
+        call["name"], call["arguments"] = "add", json.dumps({"a": 2, "b": 3})
+    return status, reply
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("answer", [False, True])
+async def test_a_demonstration_with_its_answer_shows_the_whole_attempt(tmp_path, answer):
+    """The policy answers 7 after any call; the task needs add(4, 9) and 13. A demonstration
+    of the call alone fails as every attempt does, and nothing trains. With
+    `demonstrate_answer`, complete_task is pinned to the reference's answer after the call:
+    the demonstrations succeed, the answer's turn is trained on like the call's, and the kind
+    stays unsolved (they are not the policy's own)."""
+    ref = Reference(answer="13", calls=[ReferenceCall(tool="add", arguments={"a": 4, "b": 9})])
+    tasks = [Scenario(id=f"add{i}", task="Add 4 and 9.", difficulty=1, split="train",
+                      reference=ref) for i in range(2)]  # fmt: skip
+    scenarios = ScenarioSet([*tasks, _scenario("val")])
+    scenarios.scenarios[-1].split = "val"
+    with LocalChatServer(_never_reads_its_result) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
+                           eval_every=0, reward="reference", write_report=False, explore=0,
+                           demonstrate=2, demonstrate_answer=answer)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+        await run._step(summary)
+    row = backend.rows[1]
+    assert row["train/attempts_demonstrated"] == 2
+    assert run.sampler.unsolved(tasks[0])
+    if not answer:
+        assert row["train/success"] == 0 == row["train/groups_trained"]
+        return
+    trajectories = backend.trained[-1][0].trajectories
+    shown = [t for t in trajectories if "first_arguments" in t.metadata]
+    assert len(shown) == 2 and all(t.reward == 1.0 for t in shown)
+    assert all(t.reward < 1 for t in trajectories if t not in shown)
+    for t in shown:
+        assert t.metadata["demonstrated_answer"] == "13" == t.metadata["final_answer"]
+        assert [c.message_index for c in t.choices] == [2, 4]  # the call and the answer
+
+
 def _plural_attempts(n: int) -> str:
     return f"{n} attempt" + ("s" if n != 1 else "")
 

@@ -423,6 +423,26 @@ async def test_next_calls_pin_the_calls_after_the_first_in_turn(calculator):
         await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
 
 
+@pytest.mark.parametrize("typed", [True, False])
+async def test_a_pinned_answer_pins_complete_task_after_the_pinned_calls(calculator, typed):
+    """A demonstration of the whole attempt: the call, then complete_task with the reference's
+    answer, typed as the attempt's complete_task takes it (a number, or the untyped summary)."""
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("complete_task", {"answer": 42} if typed else {"summary": "42"})),
+    )
+    config = RolloutConfig(max_turns=2, first_tool="multiply", first_arguments={"a": 6, "b": 7},
+                           pinned_answer="42", typed_answer=typed)  # fmt: skip
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
+    last = policy.requests[-1]["tool_choice"]["function"]
+    assert last == {"name": "complete_task",
+                    "arguments": {"answer": 42} if typed else {"summary": "42"}}  # fmt: skip
+    assert t.metadata["demonstrated_answer"] == "42" == t.metadata["final_answer"]
+    with pytest.raises(ValueError, match=r"pinned_answer .* needs first_tool and first_arguments"):
+        bad = RolloutConfig(first_tool="multiply", pinned_answer="42")
+        await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
+
+
 async def test_answer_on_last_turn_holds_complete_task_back_until_the_last_turn(calculator):
     """A chain of two calls: the policy would answer after the first result; with
     answer_on_last_turn the second turn may only call a tool, the third only answer."""

@@ -162,6 +162,13 @@ RUN = [
         "the first; 0: the whole chain; see RESULTS.md)",
     ),
     Setting(
+        "--demonstrate-answer",
+        "demonstrate_answer",
+        "a demonstration that pins every call left in the chain pins the reference's answer "
+        "after them too: the whole attempt shown (see RESULTS.md)",
+        const=True,
+    ),
+    Setting(
         "--guide",
         "guide",
         "at a chain of 2+ calls the model's own attempts have not solved (from its first "
