@@ -31,10 +31,10 @@ def _numbers(text: str) -> set[float]:
     return {round(float(v), 4) for v in _NUMBER.findall(text)}
 
 
-def attempt_row(messages: list[dict], reference: list) -> tuple[int, bool, int]:
+def attempt_row(messages: list[dict], task: str, reference: list) -> tuple[int, bool, int]:
     """(tool calls made, other than complete_task; whether a later call used an earlier result
-    that is not in the task; how many of the `reference` calls it made, in order)"""
-    task_numbers = _numbers(messages[1]["content"]) if len(messages) > 1 else set()
+    that is not in the `task`; how many of the `reference` calls it made, in order)"""
+    task_numbers = _numbers(task)
     seen: set[float] = set()
     calls = done = 0
     fed = False
@@ -68,7 +68,7 @@ def _rows(path: Path, scenarios: dict, own: bool = True) -> list[float]:
         for t in group["trajectories"]:
             if own and "first_arguments" in t.get("metadata", {}):
                 continue
-            calls, fed, done = attempt_row(t["messages"], s.reference.calls)
+            calls, fed, done = attempt_row(t["messages"], s.task, s.reference.calls)
             ok = t.get("metrics", {}).get("success", 0) >= 1
             for i, v in enumerate((1, calls >= 2, fed, done, len(s.reference.calls), ok)):
                 row[i] += float(v)
