@@ -598,6 +598,23 @@ def _answers_after_one_call(body: dict) -> tuple[int, dict]:
     return status, reply
 
 
+async def _two_demonstrating_steps(tmp_path, policy, scenarios, **settings):
+    """Two training steps of one group of 4 attempts on the calculator, exploration off and 2
+    attempts demonstrated where a kind is unsolved, `policy` answering; (run, backend)."""
+    with LocalChatServer(policy) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
+                           eval_every=0, reward="reference", write_report=False, explore=0,
+                           demonstrate=2, **settings)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+        await run._step(summary)
+    return run, backend
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("calls", [1, 0])
 async def test_a_demonstration_of_the_whole_chain_pins_each_call_in_turn(tmp_path, calls):
@@ -607,17 +624,9 @@ async def test_a_demonstration_of_the_whole_chain_pins_each_call_in_turn(tmp_pat
     scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _scenario("val")])
     for s, split in zip(scenarios.scenarios, ["train", "train", "val"], strict=True):
         s.split = split
-    with LocalChatServer(_answers_after_one_call) as server:
-        backend = FakeBackend(tmp_path, server.base_url)
-        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
-                           eval_every=0, reward="reference", write_report=False, explore=0,
-                           demonstrate=2, demonstrate_calls=calls)  # fmt: skip
-        run = TrainingRun(config, load_example("calculator").server, backend,
-                          say=lambda _: None, progress=False)  # fmt: skip
-        await run.prepare(scenarios)
-        summary = _summary(run)
-        await run._step(summary)
-        await run._step(summary)
+    run, backend = await _two_demonstrating_steps(
+        tmp_path, _answers_after_one_call, scenarios, demonstrate_calls=calls
+    )
     assert backend.rows[1]["train/attempts_demonstrated"] == 2
     assert run.sampler.unsolved(scenarios.scenarios[0])  # demonstrations are not its own
     if calls == 1:
@@ -661,17 +670,9 @@ async def test_a_demonstration_with_its_answer_shows_the_whole_attempt(tmp_path,
                       reference=ref) for i in range(2)]  # fmt: skip
     scenarios = ScenarioSet([*tasks, _scenario("val")])
     scenarios.scenarios[-1].split = "val"
-    with LocalChatServer(_never_reads_its_result) as server:
-        backend = FakeBackend(tmp_path, server.base_url)
-        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
-                           eval_every=0, reward="reference", write_report=False, explore=0,
-                           demonstrate=2, demonstrate_answer=answer)  # fmt: skip
-        run = TrainingRun(config, load_example("calculator").server, backend,
-                          say=lambda _: None, progress=False)  # fmt: skip
-        await run.prepare(scenarios)
-        summary = _summary(run)
-        await run._step(summary)
-        await run._step(summary)
+    run, backend = await _two_demonstrating_steps(
+        tmp_path, _never_reads_its_result, scenarios, demonstrate_answer=answer
+    )
     row = backend.rows[1]
     assert row["train/attempts_demonstrated"] == 2
     assert run.sampler.unsolved(tasks[0])
