@@ -80,6 +80,16 @@ def test_records_give_lookups_counts_extremes_and_totals_with_true_answers():
     assert lookups and all("id" not in t.split(" of ")[0] for t in lookups)
 
 
+def test_a_total_of_many_rows_is_not_asked_since_it_is_sums_in_the_head_not_a_read():
+    rows = [
+        {**p, "id": i, "name": f"{p['name']} {i}", "stock": p["stock"] + i}
+        for i, p in enumerate(PRODUCTS * 3)
+    ]
+    kinds = {q.kind for q in _questions(rows)}
+    assert "total" not in kinds  # 9 rows: L105's sqlite val tasks summed 8
+    assert {"count", "extreme", "lookup"} <= kinds
+
+
 def test_a_filtered_listing_gets_only_lookups():
     kinds = {q.kind for q in _questions(PRODUCTS, whole=False)}
     assert kinds <= {"lookup", "exists"} and "lookup" in kinds

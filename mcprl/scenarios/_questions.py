@@ -8,7 +8,8 @@ From records (a list of objects, anywhere in the result) it asks:
   a number for records that have no name: 'What is the status of order 3?');
 - a count: 'How many products are there?', 'How many products have category "lighting"?';
 - an extreme: 'Which product has the lowest stock?'  (only where one record holds it);
-- a total: 'What is the total stock of all products?';
+- a total: 'What is the total stock of all products?' (of at most four records: past that the
+  answer is sums done in the head, not a read of the data, and no call can make it easier);
 - existence: 'Is there a product named "Desk lamp"?' (yes, or no for a name faker makes up).
 
 From a list of plain values (branch names, file names) it asks for the count and existence; from
@@ -32,6 +33,7 @@ __all__ = ["Question", "ask_field", "format_number", "plural", "records_question
 
 _NAME_FIELDS = ("name", "title", "label", "key", "filename", "file", "path", "message", "subject")
 _NUMERIC = (int, float)
+_MOST_ADDED = 4  # a total adds up at most this many values
 _LINKS = {"from", "to", "source", "target", "parent", "child", "type"}  # point at other records
 # a count of failures says how the generator's own call went, not what the data holds
 _FAILURES = {"failed", "failure", "failures", "error", "errors", "warning", "warnings"}
@@ -258,7 +260,7 @@ def _numeric(
             if values.count(best) == 1:
                 who = records[values.index(best)][key]
                 out.append(Question("extreme", f"Which {noun} has the {label} {words}?", who))
-    if len(set(values)) > 1:
+    if len(set(values)) > 1 and len(values) <= _MOST_ADDED:
         total = format_number(sum(values), like=values)
         out.append(Question("total", f"What is the total {words} of all {plural(noun)}?", total))
     return out
