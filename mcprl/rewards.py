@@ -23,7 +23,8 @@
   +27.8/+15.3/+8.3 points (benchmarks/RESULTS.md): no better on average, so it is
   not the default. A reference with calls and no answer scores the share of calls made.
   Where the reference `needs_calls` (every grounded task: its answer is the server's data), a
-  right answer without a successful call of each tool the reference calls is a guess: it scores
+  right answer without a successful call of each tool the reference calls (one whose result is
+  no error, flagged or written out as "Database error: …") is a guess: it scores
   as a wrong one, and counts in `guessed_answer`. A yes or no, or a small count, is otherwise
   right by luck often enough to train the habit of answering without looking.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
@@ -59,6 +60,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcprl.errors import UsageError
+from mcprl.mcp import looks_like_error
 from mcprl.scenarios import Reference, Scenario, normalize
 from mcprl.types import Trajectory, TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError
@@ -213,7 +215,8 @@ _Calls = list[tuple[str, Any, str | None]]  # (tool, arguments, result text or N
 
 
 def made_calls(trajectory: Trajectory) -> _Calls:
-    """(tool, arguments, result text or None for an error) per call, in order."""
+    """(tool, arguments, result text or None for an error) per call, in order. An error is a
+    result flagged as one or one that reads as one ("Database error: no tables specified")."""
     results = {
         m.get("tool_call_id"): m.get("content") for m in trajectory.messages if m["role"] == "tool"
     }
@@ -225,7 +228,11 @@ def made_calls(trajectory: Trajectory) -> _Calls:
             except json.JSONDecodeError:
                 args = None
             text = results.get(c.get("id"))
-            ok = isinstance(text, str) and not text.startswith("Error")
+            ok = (
+                isinstance(text, str)
+                and not text.startswith("Error")
+                and not looks_like_error(text)
+            )
             calls.append((c["function"]["name"], args, text if ok else None))
     return calls
 

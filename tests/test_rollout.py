@@ -572,11 +572,12 @@ def test_a_right_guess_about_the_servers_data_is_not_a_success():
     other_table = attempt([("describe_table", {"table_name": "items"}, "id, status")], "yes")
     guessed = attempt([("list_tables", {}, "orders, items")], "yes")
     failed = attempt([("describe_table", {"table_name": "order"}, "Error: no table")], "yes")
+    told = attempt([("describe_table", {"table_name": "x"}, "Database error: no table x")], "yes")
     wrong = attempt([("describe_table", {"table_name": "orders"}, "id, status")], "no")
     parts = {n: reward_parts(t, exists) for n, t in locals().items() if isinstance(t, Trajectory)}
     assert parts["looked"].answer == parts["other_table"].answer == 1.0
     assert parts["looked"].reward == 1.0 and parts["looked"].guessed == 0.0
-    for name in ("guessed", "failed"):  # no good call of describe_table: a guess
+    for name in ("guessed", "failed", "told"):  # no good call of describe_table: a guess
         assert parts[name].answer == 0.0 and parts[name].guessed == 1.0
         assert parts[name].reward < 1.0
     assert parts["guessed"].reward == 0.0  # and the failed call is the right tool: 0.5 * 0.3
