@@ -326,12 +326,42 @@ async def test_a_sql_tool_gets_queries_built_from_the_tables_the_server_reports(
     assert queried
     for s in queried:
         sql = s.reference.calls[-1].arguments["query"]
-        table = re.fullmatch(r"SELECT \* FROM (products|orders) LIMIT \d+", sql).group(1)
-        rows = ast.literal_eval(s.reference.calls[-1].result)
-        assert len(rows) == db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        table = re.search(r"FROM (products|orders)\b", sql).group(1)
         assert table.rstrip("s") in s.task  # "How many products …", "… the order …"
-        if s.task == f"How many {table} are there?":
-            assert s.reference.answer == str(len(rows))
+        # the query a person would write: its one value is the answer, not a table to read
+        assert not sql.startswith("SELECT *"), (s.task, sql)
+        (row,) = ast.literal_eval(s.reference.calls[-1].result)
+        assert [tuple(row.values())] == db.execute(sql).fetchall()
+        (value,) = row.values()
+        answer = s.reference.answer
+        if answer in ("yes", "no"):
+            assert sql.startswith("SELECT COUNT(*)") and (value > 0) == (answer == "yes")
+        else:
+            assert str(value) == answer or float(value) == float(answer)
+
+
+def test_a_question_about_a_table_gets_the_query_that_reads_just_its_answer():
+    from mcprl.scenarios._direct import direct_query, reads_answer
+    from mcprl.scenarios._questions import Ask
+
+    listing = "SELECT * FROM orders LIMIT 200"
+    pending = Ask("count", where=(("status", "pending"),))
+    assert direct_query(listing, pending) == "SELECT COUNT(*) FROM orders WHERE status = 'pending'"
+    lookup = Ask("value", "unit price", (("customer", "Ann O'Neil"),))
+    assert direct_query(listing, lookup) == (
+        """SELECT "unit price" FROM orders WHERE customer = 'Ann O''Neil'"""
+    )
+    cheapest = Ask("value", "name", order=("price", "ASC"))
+    assert direct_query("select * from products", cheapest) == (
+        "SELECT name FROM products ORDER BY price ASC LIMIT 1"
+    )
+    assert direct_query("SELECT id FROM orders WHERE status = 'x'", pending) is None  # not whole
+    # what the server returns must say the answer, or the listing stays the reference
+    assert reads_answer([{"COUNT(*)": 0}], "count", "no")
+    assert not reads_answer([{"COUNT(*)": 1}], "count", "no")
+    assert reads_answer([{"SUM(price)": 15.700000000000001}], "sum", "15.7")
+    assert not reads_answer([{"SUM(price)": 15.8}], "sum", "15.7")
+    assert not reads_answer([{"name": "a"}, {"name": "b"}], "value", "a")
 
 
 def test_what_a_clock_says_about_today_is_never_an_answer():

@@ -18,7 +18,7 @@ import random
 import re
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, timedelta
 from typing import Any
 
@@ -40,6 +40,7 @@ from mcprl.scenarios._answers import (
     rounded,
 )
 from mcprl.scenarios._dedupe import Deduper
+from mcprl.scenarios._direct import direct_query, reads_answer
 from mcprl.scenarios._parse import parse_result
 from mcprl.scenarios._questions import Question, ask_field, records_questions
 from mcprl.scenarios._sampling import (
@@ -276,6 +277,15 @@ def _sql(step: _Step) -> str | None:
     return None
 
 
+def _sql_param(step: _Step) -> str | None:
+    """The argument that holds the call's SQL, if it takes SQL."""
+    props = step.tool.input_schema.get("properties") or {}
+    for name, value in step.arguments.items():
+        if isinstance(value, str) and free_text_kind(step.tool, name, props.get(name, {})) == "sql":
+            return name
+    return None
+
+
 def _noun(step: _Step, prefix: str | None) -> str | None:
     """What the records of a call are: the table a query reads, else the tool's noun
     (git_branch: branch; list_directory: entry; read_text_file: line)."""
@@ -402,7 +412,7 @@ def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Questio
             return [short]  # "04:30": a short text that answers the call
     found = records_questions(data, noun=_noun(step, prefix), whole=_whole(step, data), rng=rng)
     scope = _scope(step)
-    out = [Question(q.kind, _with_scope(q.text, scope), rounded(q.answer)) for q in found]
+    out = [replace(q, text=_with_scope(q.text, scope), answer=rounded(q.answer)) for q in found]
     if _dated(step.result_text):  # a clock: what follows from today's date changes tomorrow
         out = [q for q in out if q.answer.lower() not in _DATE_DEPENDENT]
     fields = [q for q in out if q.kind == "field"]
@@ -459,9 +469,10 @@ def _choose(
     paths: tuple[str, ...],
     deduper: Deduper,
     yes_no: Counter | None = None,
-) -> tuple[Scenario | None, str]:
-    """The first new scenario among the questions, kinds in random order (so that lookups do
-    not crowd out the rest); else None and why the last one was turned down. `yes_no`: the
+) -> tuple[Question | None, str]:
+    """The first question among `questions` that makes a new scenario, kinds in random order
+    (so that lookups do not crowd out the rest); else None and why the last one was turned
+    down. `yes_no`: the
     answers of the set's existence questions so far; one whose answer is already the more
     common is turned down, so that "no" is never right by habit (made-up names never repeat,
     real ones do, and the deduplication would leave mostly "no")."""
@@ -484,7 +495,7 @@ def _choose(
             elif not _checkable(scenario):
                 why = "an answer no one could check"
             elif deduper.add(scenario.task):
-                return scenario, ""
+                return question, ""
             else:
                 why = "a duplicate"
     return None, why
@@ -648,6 +659,26 @@ class _Generator:
                 self.learn(steps[-1])
         return steps
 
+    async def direct(self, steps: list[_Step], question: Question) -> list[_Step]:
+        """For a question about a table read whole, the call that asks the database just that
+        (`_direct`), when the server's answer to it is the question's; else `steps`."""
+        param = _sql_param(steps[0]) if len(steps) == 1 and question.ask else None
+        if param is None or question.ask is None:
+            return steps
+        step = steps[0]
+        sql = direct_query(step.arguments[param], question.ask)
+        if sql is None:
+            return steps
+        args = {**step.arguments, param: sql}
+        async with open_session(self.server, **self.options) as session:
+            result = await session.call_tool(step.tool.name, args)
+        if _failed(result) or leaks_secret(result.text, self.paths):
+            return steps
+        data = parse_result(result.text, result.structured)
+        if not reads_answer(data, question.ask.read, question.answer):
+            return steps
+        return [_Step(step.tool, args, result.text, result.structured)]
+
     async def stable(self, steps: list[_Step]) -> bool:
         """Whether the calls give the same results again in a fresh session (a reference that
         holds the current time or a fresh id would mark every later attempt wrong)."""
@@ -783,7 +814,10 @@ async def build_grounded(
             if not questions:
                 report.rejected["no question a person would ask of the result"] += 1
                 continue
-            scenario, why = _choose(steps, questions, rng, seed, gen.paths, deduper, yes_no)
+            question, why = _choose(steps, questions, rng, seed, gen.paths, deduper, yes_no)
+            if question is not None:
+                steps = await gen.direct(steps, question)
+            scenario = _render(steps, question, seed) if question is not None else None
             if scenario is None:
                 report.rejected[why] += 1
             elif not await gen.stable(steps):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -29,7 +29,7 @@ from mcprl.mcp import name_words
 from mcprl.scenarios._sampling import singular
 from mcprl.scenarios._screen import answer_problem
 
-__all__ = ["Question", "ask_field", "format_number", "plural", "records_questions"]
+__all__ = ["Ask", "Question", "ask_field", "format_number", "plural", "records_questions"]
 
 _NAME_FIELDS = ("name", "title", "label", "key", "filename", "file", "path", "message", "subject")
 _NUMERIC = (int, float)
@@ -40,10 +40,23 @@ _FAILURES = {"failed", "failure", "failures", "error", "errors", "warning", "war
 
 
 @dataclass(frozen=True)
+class Ask:
+    """What a question reads of the records, for a query that reads just that: the records
+    whose fields equal `where`, counted ("count"), one field's value ("value", of the record
+    first by `order`, a field and ASC or DESC, when one is given) or its sum ("sum")."""
+
+    read: str  # count, value, sum
+    field: str | None = None
+    where: tuple[tuple[str, Any], ...] = ()
+    order: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class Question:
     kind: str  # lookup, count, extreme, total, exists, field
     text: str
     answer: str
+    ask: Ask | None = None  # of records: what it reads of them
 
 
 def plural(noun: str) -> str:
@@ -203,7 +216,9 @@ def records_questions(
     for key, records in _record_lists(data):
         thing = singular(key) if key else (_named_by_id(records) or noun or "item")
         thing = " ".join(name_words(thing)) or "item"
-        out += _about_records(records, thing, whole, rng)
+        found = _about_records(records, thing, whole, rng)
+        # records inside an object: a query of the table would not read them the same way
+        out += found if key is None else [replace(q, ask=None) for q in found]
     if (
         isinstance(data, list)
         and len(data) >= 2
@@ -222,14 +237,16 @@ def _about_records(
     key = _key_field(records)
     many = plural(noun)
     if whole and len(records) >= 2:
-        out.append(Question("count", f"How many {many} are there?", str(len(records))))
+        count = Ask("count")
+        out.append(Question("count", f"How many {many} are there?", str(len(records)), count))
     if key is not None:
         record = rng.choice(records)
         skip = _flags(records) | _LINKS | {key}
         fields = [f for f in _scalars(record) if f not in skip and not _idish(f)]
         for f in fields:
             text = ask_field(f, record[f], _named(noun, record, key))
-            out.append(Question("lookup", text, _answer(record[f])))
+            lookup = Ask("value", f, ((key, record[key]),))
+            out.append(Question("lookup", text, _answer(record[f]), lookup))
         if len(records) >= 3 and isinstance(record[key], str):
             out.append(_exists(records, noun, key, rng))
     if not whole or len(records) < 2:
@@ -245,7 +262,8 @@ def _about_records(
         elif all(isinstance(v, str) for v in values) and len(set(values)) < len(values):
             value = rng.choice(sorted(set(values)))
             text = f'How many {many} have {_words(f)} "{value}"?'
-            out.append(Question("count", text, str(values.count(value))))
+            count = Ask("count", where=((f, value),))
+            out.append(Question("count", text, str(values.count(value)), count))
     return out
 
 
@@ -259,10 +277,13 @@ def _numeric(
             best = pick(values)
             if values.count(best) == 1:
                 who = records[values.index(best)][key]
-                out.append(Question("extreme", f"Which {noun} has the {label} {words}?", who))
+                first = Ask("value", key, order=(field, "DESC" if pick is max else "ASC"))
+                text = f"Which {noun} has the {label} {words}?"
+                out.append(Question("extreme", text, who, first))
     if len(set(values)) > 1 and len(values) <= _MOST_ADDED:
         total = format_number(sum(values), like=values)
-        out.append(Question("total", f"What is the total {words} of all {plural(noun)}?", total))
+        text = f"What is the total {words} of all {plural(noun)}?"
+        out.append(Question("total", text, total, Ask("sum", field)))
     return out
 
 
@@ -296,11 +317,12 @@ def _made_up(example: str, rng: random.Random, others: list[str] = ()) -> str:
 def _exists(records: list[dict[str, Any]], noun: str, key: str, rng: random.Random) -> Question:
     names = {r[key] for r in records}
     if rng.random() < 0.5:
-        return Question("exists", _exists_text(noun, rng.choice(sorted(names))), "yes")
-    made = _made_up(str(records[0][key]), rng, sorted(names))
-    while made in names:
-        made += "s"
-    return Question("exists", _exists_text(noun, made), "no")
+        name, answer = rng.choice(sorted(names)), "yes"
+    else:
+        name, answer = _made_up(str(records[0][key]), rng, sorted(names)), "no"
+        while name in names:
+            name += "s"
+    return Question("exists", _exists_text(noun, name), answer, Ask("count", where=((key, name),)))
 
 
 def _about_values(values: list[Any], noun: str, whole: bool, rng: random.Random) -> list[Question]:
