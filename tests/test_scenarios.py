@@ -79,6 +79,24 @@ def test_split_is_seeded_stratified_and_kept(tmp_path):
     assert [s.split for s in reloaded] == [s.split for s in a]  # an existing split is kept
 
 
+def test_val_asks_kinds_that_training_practises():
+    """sqlite's 10 one-step tasks: 7 column questions, 2 lookups, 1 existence. A split by
+    difficulty alone put both lookups and the existence question in val (L109), so val asked
+    what training never showed. Val now draws across kinds and leaves each kind one in train."""
+    kinds = [("exists", "describe_table")] * 7 + [("lookup", "read_query")] * 2
+    kinds += [("exists", "read_query")]
+    for seed in range(20):
+        tasks = [
+            Scenario(id=f"t{i}", task=f"Task {i}?", difficulty=1, tags=list(k))
+            for i, k in enumerate(kinds)
+        ]
+        split = ScenarioSet(tasks).with_split(0.3, seed=seed)
+        train = {tuple(s.tags) for s in split.train}
+        val = [tuple(s.tags) for s in split.val]
+        assert len(val) == 3 and train == set(kinds)
+        assert val.count(("lookup", "read_query")) == 1  # in proportion: 2 of 7, 1 of 2
+
+
 def test_filter_and_histogram():
     s = _set(20)
     assert s.histogram() == {1: 4, 2: 4, 3: 4, 4: 4, 5: 4}

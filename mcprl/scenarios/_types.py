@@ -104,7 +104,10 @@ class ScenarioSet:
     def with_split(self, val_fraction: float = 0.25, seed: int = 0) -> ScenarioSet:
         """Assign train/val to scenarios that have no split yet, reproducibly (by seed).
 
-        The split is stratified by difficulty so both sides see every level.
+        The split is stratified by difficulty so both sides see every level, and within a level
+        by kind (the tags: the question and the tools, for generated tasks): val draws from each
+        kind in proportion to its size and never takes the last of a kind from train, so val
+        asks what training practised (new instances of it), not kinds training never saw.
         """
         if not 0 <= val_fraction < 1:
             raise UsageError(f"val_fraction must be in [0, 1), got {val_fraction}")
@@ -121,8 +124,10 @@ class ScenarioSet:
             exact = len(group) * val_fraction + carry
             n_val = int(exact + 0.5)
             carry = exact - n_val
-            for i, s in enumerate(group):
-                s.split = "val" if i < n_val else "train"
+            for s in group:
+                s.split = "train"
+            for s in _spread(group, n_val):
+                s.split = "val"
         return ScenarioSet(out)
 
     @property
@@ -231,3 +236,22 @@ def bundled_scenarios(server: str) -> Path | None:
         if (root / f"{name}.jsonl").is_file():
             return root / f"{name}.jsonl"
     return None
+
+
+def _spread(group: list[Scenario], n: int) -> list[Scenario]:
+    """`n` of `group` (already shuffled), drawn one at a time from the kind (tags) with the
+    smallest share drawn so far among those that keep one undrawn; only when none does, from
+    a kind of one."""
+    kinds: dict[tuple[str, ...], list[Scenario]] = {}
+    for s in group:
+        kinds.setdefault(tuple(s.tags), []).append(s)
+    taken = dict.fromkeys(kinds, 0)
+    rank = {k: i for i, k in enumerate(kinds)}  # first seen in the shuffled group
+    out: list[Scenario] = []
+    for _ in range(min(n, len(group))):
+        left = [k for k in kinds if len(kinds[k]) - taken[k] >= 2]
+        left = left or [k for k in kinds if taken[k] < len(kinds[k])]
+        kind = min(left, key=lambda k: (taken[k] / len(kinds[k]), rank[k]))
+        out.append(kinds[kind][taken[kind]])
+        taken[kind] += 1
+    return out
