@@ -269,21 +269,25 @@ def _is_filter(name: str) -> bool:
     return bool(set(name_words(name)) & _FILTERS)
 
 
-def _sql(step: _Step) -> str | None:
+def _free_text(step: _Step) -> tuple[str, str] | None:
+    """The argument that holds the call's SQL or expression, and which of them it is."""
     props = step.tool.input_schema.get("properties") or {}
     for name, value in step.arguments.items():
-        if isinstance(value, str) and free_text_kind(step.tool, name, props.get(name, {})):
-            return value
+        kind = isinstance(value, str) and free_text_kind(step.tool, name, props.get(name, {}))
+        if kind:
+            return name, kind
     return None
+
+
+def _sql(step: _Step) -> str | None:
+    found = _free_text(step)
+    return step.arguments[found[0]] if found else None
 
 
 def _sql_param(step: _Step) -> str | None:
     """The argument that holds the call's SQL, if it takes SQL."""
-    props = step.tool.input_schema.get("properties") or {}
-    for name, value in step.arguments.items():
-        if isinstance(value, str) and free_text_kind(step.tool, name, props.get(name, {})) == "sql":
-            return name
-    return None
+    found = _free_text(step)
+    return found[0] if found and found[1] == "sql" else None
 
 
 def _noun(step: _Step, prefix: str | None) -> str | None:
@@ -472,10 +476,9 @@ def _choose(
 ) -> tuple[Question | None, str]:
     """The first question among `questions` that makes a new scenario, kinds in random order
     (so that lookups do not crowd out the rest); else None and why the last one was turned
-    down. `yes_no`: the
-    answers of the set's existence questions so far; one whose answer is already the more
-    common is turned down, so that "no" is never right by habit (made-up names never repeat,
-    real ones do, and the deduplication would leave mostly "no")."""
+    down. `yes_no`: the answers of the set's existence questions so far; one whose answer is
+    already the more common is turned down, so that "no" is never right by habit (made-up
+    names never repeat, real ones do, and the deduplication would leave mostly "no")."""
     # kinds in a weighted random order: existence (a yes or no) comes first less often
     kinds = sorted({q.kind for q in questions})
     kinds.sort(key=lambda k: -(rng.random() ** (1 / (0.4 if k == "exists" else 1.0))))
@@ -662,7 +665,7 @@ class _Generator:
     async def direct(self, steps: list[_Step], question: Question) -> list[_Step]:
         """For a question about a table read whole, the call that asks the database just that
         (`_direct`), when the server's answer to it is the question's; else `steps`."""
-        param = _sql_param(steps[0]) if len(steps) == 1 and question.ask else None
+        param = _sql_param(steps[0]) if len(steps) == 1 else None
         if param is None or question.ask is None:
             return steps
         step = steps[0]

@@ -246,12 +246,12 @@ def _spread(group: list[Scenario], n: int) -> list[Scenario]:
     for s in group:
         kinds.setdefault(tuple(s.tags), []).append(s)
     taken = dict.fromkeys(kinds, 0)
-    rank = {k: i for i, k in enumerate(kinds)}  # first seen in the shuffled group
     out: list[Scenario] = []
     for _ in range(min(n, len(group))):
         left = [k for k in kinds if len(kinds[k]) - taken[k] >= 2]
         left = left or [k for k in kinds if taken[k] < len(kinds[k])]
-        kind = min(left, key=lambda k: (taken[k] / len(kinds[k]), rank[k]))
+        # ties: the kind first seen in the shuffled group (min keeps the first)
+        kind = min(left, key=lambda k: taken[k] / len(kinds[k]))
         out.append(kinds[kind][taken[kind]])
         taken[kind] += 1
     return out
