@@ -24,9 +24,9 @@
   not the default. A reference with calls and no answer scores the share of calls made.
   Where the reference `needs_calls` (every grounded task: its answer is the server's data), a
   right answer without a successful call of each tool the reference calls (one whose result is
-  no error, flagged or written out as "Database error: …") is a guess: it scores
-  as a wrong one, and counts in `guessed_answer`. A yes or no, or a small count, is otherwise
-  right by luck often enough to train the habit of answering without looking.
+  no error, flagged or written out as "Database error: …", and not empty, as `[]`) is a guess:
+  it scores as a wrong one, and counts in `guessed_answer`. A yes or no, or a small count, is
+  otherwise right by luck often enough to train the habit of answering without looking.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
   reward from references, RULER, or both with weights, and records the parts as metrics
   (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
@@ -344,9 +344,27 @@ def result_values(text: str, limit: int = 64) -> list[str]:
 
 def _called_tools(calls: _Calls, reference: Reference) -> bool:
     """The attempt called each tool the reference calls at least once, with a result that is
-    not an error (any arguments)."""
-    called = {name for name, _, text in calls if text is not None}
+    no error (any arguments). An empty result (`[]`) found nothing: it bears out a "no" or a 0,
+    and no other answer (`describe_table` of a table that does not exist returns `[]`, and a
+    "yes" after it is still a guess)."""
+    nothing = _finds_nothing(reference.answer or "")
+    called = {name for name, _, text in calls if text is not None and (nothing or not _empty(text))}
     return all(c.tool in called for c in reference.calls)
+
+
+def _finds_nothing(answer: str) -> bool:
+    """The answer is a "no" or a 0: what an empty result says."""
+    if _POLARITY.get(normalize(answer)) == "no":
+        return True
+    return _written_precision(answer) is not None and float(answer.replace(",", "")) == 0
+
+
+def _empty(text: str) -> bool:
+    """A result with nothing in it: blank, or JSON for an empty list, object, string or null."""
+    try:
+        return json.loads(text) in ([], {}, "", None)
+    except ValueError:
+        return not text.strip()
 
 
 def _repeats(calls: _Calls) -> int:

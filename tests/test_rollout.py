@@ -545,7 +545,8 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
 
 def test_a_right_guess_about_the_servers_data_is_not_a_success():
     """A yes or no is right half the time without looking: where the reference `needs_calls`
-    (grounded tasks), the answer counts only after a good call of each tool it calls."""
+    (grounded tasks), the answer counts only after a good call of each tool it calls (no error,
+    and something in its result)."""
     from mcprl.collect import summarize
     from mcprl.rewards import reward_parts
 
@@ -573,11 +574,12 @@ def test_a_right_guess_about_the_servers_data_is_not_a_success():
     guessed = attempt([("list_tables", {}, "orders, items")], "yes")
     failed = attempt([("describe_table", {"table_name": "order"}, "Error: no table")], "yes")
     told = attempt([("describe_table", {"table_name": "x"}, "Database error: no table x")], "yes")
+    empty = attempt([("describe_table", {"table_name": "x"}, "[]")], "yes")  # no such table
     wrong = attempt([("describe_table", {"table_name": "orders"}, "id, status")], "no")
     parts = {n: reward_parts(t, exists) for n, t in locals().items() if isinstance(t, Trajectory)}
     assert parts["looked"].answer == parts["other_table"].answer == 1.0
     assert parts["looked"].reward == 1.0 and parts["looked"].guessed == 0.0
-    for name in ("guessed", "failed", "told"):  # no good call of describe_table: a guess
+    for name in ("guessed", "failed", "told", "empty"):  # no good call of describe_table: a guess
         assert parts[name].answer == 0.0 and parts[name].guessed == 1.0
         assert parts[name].reward < 1.0
     assert parts["guessed"].reward == 0.0  # and the failed call is the right tool: 0.5 * 0.3
@@ -593,6 +595,11 @@ def test_a_right_guess_about_the_servers_data_is_not_a_success():
         update={"reference": exists.reference.model_copy(update={"needs_calls": False})}
     )
     assert reward_parts(guessed, free).answer == 1.0
+    # an empty result found nothing: it bears out a "no" (and a 0), not a "yes"
+    absent = exists.model_copy(update={"reference": exists.reference.model_copy(
+        update={"answer": "no"})})  # fmt: skip
+    found_nothing = attempt([("describe_table", {"table_name": "orders"}, "[]")], "no")
+    assert reward_parts(found_nothing, absent).answer == 1.0
 
 
 def test_reference_answers_numbers_and_text():
