@@ -16,13 +16,14 @@ taught at its first three or four groups and was solved by every attempt after k
 near 1/2 for the rest of the run: in a seed-0 calculator run, the divisions were drawn
 and tied at each of steps 4-10.)
 A floor (`min_weight`) keeps every scenario drawable, so one that stopped teaching can come back.
-A step draws *kinds* of task (the tools a reference calls, in order) one at a time, each with
-chance in proportion to its weight, and a kind the step drew already counts `repeat_kind` (1/4)
-times its weight for each time it was drawn: one kind the policy half-solves cannot fill a step,
-a redraw after a tie tries another kind first (in a calculator run that drew scenarios alone,
-the "Add X and Y" tasks filled half of every step, and the policy learned to call `add` for
-everything, multiplications and square roots included), and a step is not made to spend its
-draws on kinds that stopped teaching only because they differ from the rest. (Before, a step
+A step draws *kinds* of task (the tools a reference calls, in order, and what a generated task
+asks of their results) one at a time, each with chance in proportion to its weight, and a kind
+the step drew already counts `repeat_kind` (1/4) times its weight for each time it was drawn:
+one kind the policy half-solves cannot fill a step, a redraw after a tie tries another kind
+first (in a calculator run that drew scenarios alone, the "Add X and Y" tasks filled half of
+every step, and the policy learned to call `add` for everything, multiplications and square
+roots included), and a step is not made to spend its draws on kinds that stopped teaching only
+because they differ from the rest. (Before, a step
 took one scenario of as many different kinds as it drew before any second one: with 4 to 6 draws
 from 11 kinds, 17 of the 60 draws of a seed-0 run went to the four kinds of 2-4 calls, which no
 attempt ever solved.) Kinds are drawn by weight alone, however many scenarios each has.
@@ -60,7 +61,7 @@ from typing import Any, Literal, get_args
 
 from mcprl.errors import UsageError
 from mcprl.rewards import Informative, is_informative, success_key
-from mcprl.scenarios import Scenario, has_reference
+from mcprl.scenarios import Scenario, has_reference, question_kind
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
@@ -92,13 +93,18 @@ def _demonstrated(t: Any) -> int:
 
 
 def task_kind(scenario: Scenario) -> tuple[str, ...]:
-    """The tools its reference calls, in order (its own id when it has no reference calls); a
-    hindsight task's kind is marked as such (`mcprl.hindsight`): solving one is not solving the
-    kind of task it came from."""
+    """The tools its reference calls, in order (its own id when it has no reference calls), and
+    for a generated task what it asks of their results (`question_kind`): a count and a lookup
+    through the same SQL tool are two kinds, and solving one does not end the help the other
+    gets. A hindsight task's kind is marked as such (`mcprl.hindsight`): solving one is not
+    solving the kind of task it came from."""
     ref = scenario.reference
     if ref is None or not ref.calls:
         return ("id", scenario.id)
     tools = tuple(c.tool for c in ref.calls)
+    asks = question_kind(scenario)
+    if asks is not None:
+        tools = (*tools, f"asks:{asks}")
     return ("hindsight", *tools) if "hindsight" in scenario.tags else tools
 
 

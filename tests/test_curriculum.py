@@ -493,6 +493,24 @@ def test_a_kind_is_unsolved_until_an_attempt_of_the_policys_own_choosing_solves_
     assert not free.unsolved(no_reference)  # success is unknown there: no exploration
 
 
+def _sql(sid: str, asks: str) -> Scenario:
+    """A generated question through `read_query`: the SQL differs, the tool does not."""
+    call = ReferenceCall(tool="read_query", arguments={"query": f"SELECT {sid}"})
+    return Scenario(id=sid, task=f"Question {sid}?", difficulty=1,
+                    reference=Reference(answer="3", calls=[call], needs_calls=True),
+                    tags=["grounded", asks, "read_query"])  # fmt: skip
+
+
+def test_a_solved_count_leaves_a_lookup_through_the_same_tool_unsolved():
+    count, lookup = _sql("count", "count"), _sql("lookup", "lookup")
+    sampler = ScenarioSampler([count, lookup])
+    sampler.observe([_group("lookup", [0.0, 0.0]), _group("count", [1.0, 0.0])])
+    assert sampler.unsolved(lookup)  # it still gets exploration and demonstrations
+    assert not sampler.unsolved(count)
+    # two kinds: a step of two draws takes one of each
+    assert {s.id for s in sampler.draw(2, step=1)} == {"count", "lookup"}
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     ("explore", "hidden"), [(1.0, []), (0.0, []), (1.0, ["divide"]), (0.15, [])]

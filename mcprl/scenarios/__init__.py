@@ -24,6 +24,7 @@ from mcprl.scenarios._types import (
     ScenarioSet,
     bundled_scenarios,
     has_reference,
+    question_kind,
 )
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "has_reference",
     "hidden_writers",
     "normalize",
+    "question_kind",
     "reword_tasks",
     "scenarios_for",
 ]

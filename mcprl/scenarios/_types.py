@@ -53,6 +53,13 @@ def has_reference(s: Scenario | None) -> bool:
     return bool(s and s.reference and (s.reference.answer is not None or s.reference.calls))
 
 
+def question_kind(s: Scenario) -> str | None:
+    """What a generated task asks of the data it reads (count, lookup, extreme, total, exists,
+    field), from its tags (`grounded_scenarios` writes "grounded" and the kind first); None for
+    any other task."""
+    return s.tags[1] if len(s.tags) > 1 and s.tags[0] == "grounded" else None
+
+
 class Scenario(BaseModel):
     """One practice task."""
 
