@@ -48,7 +48,6 @@ otherwise the error propagates.
 
 from __future__ import annotations
 
-import decimal
 import json
 import logging
 import math
@@ -61,7 +60,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mcprl.errors import UsageError
 from mcprl.mcp import looks_like_error
-from mcprl.scenarios import Reference, Scenario, normalize
+from mcprl.scenarios import (
+    Reference,
+    Scenario,
+    equals_as_written,
+    normalize,
+    written_precision,
+)
 from mcprl.types import Trajectory, TrajectoryGroup
 from ruler import DEFAULT_RUBRIC, Judge, JudgeError
 
@@ -142,18 +147,6 @@ def _close(a: float, b: float, tolerance: float) -> bool:
     return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance * 1e-3 if b == 0 else 0.0)
 
 
-def _written_precision(expected: str) -> float | None:
-    """Half a unit of the last place `expected` is written to ("32.8854" -> 0.00005; an integer
-    -> 0), or None when it is not a finite number."""
-    try:
-        exponent = decimal.Decimal(expected.strip().replace(",", "")).as_tuple().exponent
-    except decimal.InvalidOperation:
-        return None
-    if not isinstance(exponent, int):  # NaN, Infinity
-        return None
-    return 0.5 * 10.0**exponent if exponent < 0 else 0.0
-
-
 def answer_matches(answer: str | None, reference: Reference) -> bool:
     """The expected answer appears in `answer`, as words (`_text_matches`: a yes or no also as
     true or false) or as a number equal to it as written.
@@ -167,14 +160,12 @@ def answer_matches(answer: str | None, reference: Reference) -> bool:
     if answer is None or reference.answer is None:
         return False
     expected = reference.answer
-    half_unit = _written_precision(expected)
-    if half_unit is None:
+    if written_precision(expected) is None:
         return _text_matches(answer, expected)
-    target = float(expected.strip().replace(",", ""))
     if reference.tolerance is not None:
+        target = float(expected.strip().replace(",", ""))
         return any(_close(x, target, reference.tolerance) for x in _numbers(answer))
-    slack = half_unit + 1e-9 * max(1.0, abs(target))
-    return any(abs(x - target) <= slack for x in _numbers(answer))
+    return any(equals_as_written(x, expected) for x in _numbers(answer))
 
 
 _POLARITY = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
@@ -356,7 +347,7 @@ def _finds_nothing(answer: str) -> bool:
     """The answer is a "no" or a 0: what an empty result says."""
     if _POLARITY.get(normalize(answer)) == "no":
         return True
-    return _written_precision(answer) is not None and float(answer.replace(",", "")) == 0
+    return written_precision(answer) is not None and float(answer.replace(",", "")) == 0
 
 
 def _empty(text: str) -> bool:

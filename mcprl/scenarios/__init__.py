@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from mcprl.scenarios._answers import equals_as_written, written_precision
 from mcprl.scenarios._dedupe import Deduper, normalize
 from mcprl.scenarios._grounded import GenerationReport, build_grounded, grounded_scenarios
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
@@ -37,6 +38,7 @@ __all__ = [
     "ScenarioSet",
     "build_grounded",
     "bundled_scenarios",
+    "equals_as_written",
     "generate_scenarios",
     "grounded_scenarios",
     "grounded_with_notes",
@@ -46,4 +48,5 @@ __all__ = [
     "question_kind",
     "reword_tasks",
     "scenarios_for",
+    "written_precision",
 ]

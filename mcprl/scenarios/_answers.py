@@ -7,6 +7,7 @@ reward checks a number to the precision it is written in: `mcprl.rewards.answer_
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from typing import Any
@@ -17,9 +18,11 @@ __all__ = [
     "ANSWER_KEYS",
     "NUMBER_IN_TEXT",
     "computed_number",
+    "equals_as_written",
     "is_number",
     "number_answer",
     "rounded",
+    "written_precision",
 ]
 
 ANSWER_KEYS = ("value", "result", "count", "total")
@@ -65,3 +68,26 @@ def is_number(text: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def written_precision(expected: str) -> float | None:
+    """Half a unit of the last place `expected` is written to ("32.8854" -> 0.00005; an integer
+    -> 0), or None when it is not a finite number."""
+    try:
+        exponent = decimal.Decimal(expected.strip().replace(",", "")).as_tuple().exponent
+    except decimal.InvalidOperation:
+        return None
+    if not isinstance(exponent, int):  # NaN, Infinity
+        return None
+    return 0.5 * 10.0**exponent if exponent < 0 else 0.0
+
+
+def equals_as_written(value: float, expected: str) -> bool:
+    """`value` equals the number `expected` to the precision it is written in (an integer
+    exactly, "32.8854" to half a unit of its last place), a relative 1e-9 of float noise aside;
+    False when `expected` is no number."""
+    half_unit = written_precision(expected)
+    if half_unit is None:
+        return False
+    target = float(expected.strip().replace(",", ""))
+    return abs(value - target) <= half_unit + 1e-9 * max(1.0, abs(target))

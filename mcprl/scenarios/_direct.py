@@ -15,10 +15,9 @@ it as the reference only when `reads_answer` finds the question's answer in what
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from mcprl.scenarios._answers import is_number
+from mcprl.scenarios._answers import equals_as_written, is_number
 from mcprl.scenarios._questions import Ask
 
 __all__ = ["direct_query", "reads_answer"]
@@ -80,14 +79,6 @@ def _one_value(data: Any) -> Any:
     return data if isinstance(data, (str, int, float)) and not isinstance(data, bool) else None
 
 
-def _half_unit(answer: str) -> float:
-    try:
-        exponent = Decimal(answer.strip()).as_tuple().exponent
-    except InvalidOperation:
-        return 0.0
-    return 0.5 * 10.0**exponent if isinstance(exponent, int) and exponent < 0 else 0.0
-
-
 def reads_answer(data: Any, read: str, answer: str) -> bool:
     """Whether a query's result (parsed) says `answer`: its one value equals it, to the
     precision the answer is written in; for an existence question ("yes" or "no") a count,
@@ -98,6 +89,5 @@ def reads_answer(data: Any, read: str, answer: str) -> bool:
     if answer in ("yes", "no") and read == "count" and is_number(value):
         return (float(value) > 0) == (answer == "yes")
     if is_number(answer) and is_number(value):
-        target = float(answer)
-        return abs(float(value) - target) <= _half_unit(answer) + 1e-9 * max(1.0, abs(target))
+        return equals_as_written(float(value), answer)
     return str(value).strip() == answer.strip()
