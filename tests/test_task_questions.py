@@ -324,6 +324,15 @@ async def test_a_sql_tool_gets_queries_built_from_the_tables_the_server_reports(
     assert report.built == 8 and report.skipped_tools == ["write_query"]
     queried = [s for s in scenarios if s.reference.calls[-1].tool == "read_query"]
     assert queried
+    # the curriculum tells the questions apart though they share the tool (`task_kind`)
+    from mcprl.curriculum import task_kind
+    from mcprl.scenarios import question_kind
+
+    kinds = {"lookup", "count", "extreme", "total", "exists", "field"}
+    for s in scenarios:
+        assert question_kind(s) in kinds, s.tags
+        tools = tuple(c.tool for c in s.reference.calls)
+        assert task_kind(s) == (*tools, f"asks:{question_kind(s)}")
     for s in queried:
         sql = s.reference.calls[-1].arguments["query"]
         table = re.search(r"FROM (products|orders)\b", sql).group(1)
