@@ -345,9 +345,7 @@ def _called_tools(calls: _Calls, reference: Reference) -> bool:
 
 def _finds_nothing(answer: str) -> bool:
     """The answer is a "no" or a 0: what an empty result says."""
-    if _POLARITY.get(normalize(answer)) == "no":
-        return True
-    return written_precision(answer) is not None and float(answer.replace(",", "")) == 0
+    return _POLARITY.get(normalize(answer)) == "no" or equals_as_written(0.0, answer)
 
 
 def _empty(text: str) -> bool:
