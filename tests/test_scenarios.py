@@ -97,6 +97,32 @@ def test_val_asks_kinds_that_training_practises():
         assert val.count(("lookup", "read_query")) == 1  # in proportion: 2 of 7, 1 of 2
 
 
+def test_val_never_takes_a_kinds_only_task():
+    """Seed 1's 24 sqlite tasks held one lookup, and val took it when its level's val needed
+    more tasks than the kinds of two could give (L115: the trained model had never seen a
+    lookup). Val is smaller instead; a kind with one task per level still gives val one."""
+    kinds = [("count",)] * 2 + [("lookup",)] + [("extreme",)] * 2  # level 1, with a "which":
+    kinds += [("spread",)] * 4  # val wants 3 of its 6; level 2 has the other "which"
+    for seed in range(30):
+        tasks = [
+            Scenario(id=f"t{i}", task=f"Task {i}?", difficulty=1 + (i >= 5), tags=list(k))
+            for i, k in enumerate(kinds)
+        ]
+        tasks += [
+            Scenario(id=f"w{i}", task=f"Which {i}?", difficulty=1 + i, tags=["which"])
+            for i in range(2)
+        ]
+        split = ScenarioSet(tasks).with_split(0.5, seed=seed)
+        train = {tuple(s.tags) for s in split.train}
+        assert {tuple(s.tags) for s in split.val} <= train
+        assert ("lookup",) in train
+        assert [s.tags for s in split.val if s.difficulty == 1].count(["which"]) == 1
+    singles = ScenarioSet(
+        Scenario(id=f"s{i}", task=f"Single {i}?", difficulty=1, tags=[f"k{i}"]) for i in range(8)
+    )
+    assert len(singles.with_split(0.25, seed=0).val) == 2  # no other way to get a val
+
+
 def test_filter_and_histogram():
     s = _set(20)
     assert s.histogram() == {1: 4, 2: 4, 3: 4, 4: 4, 5: 4}

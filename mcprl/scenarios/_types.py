@@ -113,8 +113,11 @@ class ScenarioSet:
 
         The split is stratified by difficulty so both sides see every level, and within a level
         by kind (the tags: the question and the tools, for generated tasks): val draws from each
-        kind in proportion to its size and never takes the last of a kind from train, so val
-        asks what training practised (new instances of it), not kinds training never saw.
+        kind in proportion to its size and never takes the last of a kind (across all levels)
+        from train, so val asks what training practised (new instances of it), not kinds
+        training never saw. Where too few kinds have two, val is smaller than `val_fraction`
+        (seed 1's 24 sqlite tasks held one lookup, and val took it: L115); only a set whose
+        every kind has one task gets a val of kinds training lacks, as it has no other.
         """
         if not 0 <= val_fraction < 1:
             raise UsageError(f"val_fraction must be in [0, 1), got {val_fraction}")
@@ -124,17 +127,23 @@ class ScenarioSet:
         for s in out:
             if s.split is None:
                 by_level.setdefault(s.difficulty, []).append(s)
-        carry = 0.0
         for level in sorted(by_level):
-            group = by_level[level]
-            rng.shuffle(group)
-            exact = len(group) * val_fraction + carry
-            n_val = int(exact + 0.5)
-            carry = exact - n_val
-            for s in group:
-                s.split = "train"
-            for s in _spread(group, n_val):
-                s.split = "val"
+            rng.shuffle(by_level[level])
+        for allow_last in (False, True):
+            in_train = Counter(_split_kind(s) for g in by_level.values() for s in g)
+            carry, picked = 0.0, []
+            for level in sorted(by_level):
+                group = by_level[level]
+                exact = len(group) * val_fraction + carry
+                drawn = _spread(group, int(exact + 0.5), in_train, allow_last=allow_last)
+                carry = exact - len(drawn)  # a level short of kinds leaves its share to the next
+                picked += drawn
+            if picked or carry < 0.5:
+                break
+        val = {id(s) for s in picked}
+        for s in out:
+            if s.split is None:
+                s.split = "val" if id(s) in val else "train"
         return ScenarioSet(out)
 
     @property
@@ -245,20 +254,30 @@ def bundled_scenarios(server: str) -> Path | None:
     return None
 
 
-def _spread(group: list[Scenario], n: int) -> list[Scenario]:
-    """`n` of `group` (already shuffled), drawn one at a time from the kind (tags) with the
-    smallest share drawn so far among those that keep one undrawn; only when none does, from
-    a kind of one."""
+def _split_kind(s: Scenario) -> tuple[str, ...]:
+    """The kind `with_split` keeps on both sides: the tags, less the mark of a reworded task."""
+    return tuple(t for t in s.tags if t != "reworded")
+
+
+def _spread(
+    group: list[Scenario], n: int, in_train: Counter[tuple[str, ...]], *, allow_last: bool
+) -> list[Scenario]:
+    """At most `n` of `group` (already shuffled), drawn one at a time from the kind with the
+    smallest share of this group drawn so far among those with two or more still in train
+    (`in_train`, across levels, updated); with `allow_last`, when none has, from any."""
     kinds: dict[tuple[str, ...], list[Scenario]] = {}
     for s in group:
-        kinds.setdefault(tuple(s.tags), []).append(s)
+        kinds.setdefault(_split_kind(s), []).append(s)
     taken = dict.fromkeys(kinds, 0)
     out: list[Scenario] = []
     for _ in range(min(n, len(group))):
-        left = [k for k in kinds if len(kinds[k]) - taken[k] >= 2]
-        left = left or [k for k in kinds if taken[k] < len(kinds[k])]
+        left = [k for k in kinds if taken[k] < len(kinds[k])]
+        spare = [k for k in left if in_train[k] >= 2]
+        if not spare and not allow_last:
+            break
         # ties: the kind first seen in the shuffled group (min keeps the first)
-        kind = min(left, key=lambda k: taken[k] / len(kinds[k]))
+        kind = min(spare or left, key=lambda k: taken[k] / len(kinds[k]))
         out.append(kinds[kind][taken[kind]])
         taken[kind] += 1
+        in_train[kind] -= 1
     return out
