@@ -80,6 +80,10 @@ _PRIOR = {1: 0.8, 2: 0.6, 3: 0.4, 4: 0.3, 5: 0.2}
 _PRIOR_STRENGTH = 2.0
 
 
+def _reference_calls(scenario: Scenario) -> int:
+    return len(scenario.reference.calls) if scenario.reference is not None else 0
+
+
 def _helped(t: Any) -> bool:
     """The loop chose how the attempt started (a first tool, or calls made for it)."""
     return "first_tool" in t.metadata or "guided_calls" in t.metadata
@@ -90,6 +94,13 @@ def _demonstrated(t: Any) -> int:
     if "first_arguments" not in t.metadata:
         return 0
     return int(t.metadata.get("demonstrated_calls", 1))
+
+
+def _shown_every_call(t: Any, calls: int) -> bool:
+    """The loop made or pinned every one of the reference's `calls` for the attempt, and left
+    the answer to the policy (a demonstration without `demonstrated_answer`)."""
+    made = int(t.metadata.get("guided_calls", 0)) + _demonstrated(t)
+    return _demonstrated(t) > 0 and made >= calls and "demonstrated_answer" not in t.metadata
 
 
 def task_kind(scenario: Scenario) -> tuple[str, ...]:
@@ -126,6 +137,9 @@ class ScenarioStats:
     recent_groups: float = 0.0
     recent_informative: float = 0.0
     guided_solved: int | None = None  # the fewest calls made for a guided attempt that succeeded
+    # attempts shown every reference call (made or pinned for them), left to answer alone
+    shown_all: int = 0
+    shown_all_solved: int = 0
 
     @property
     def success_rate(self) -> float:
@@ -166,6 +180,7 @@ class ScenarioSampler:
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
         self._kind = {s.id: task_kind(s) for s in self.scenarios}
         self._by_kind = {kind: ScenarioStats() for kind in self._kind.values()}
+        self._calls = {s.id: _reference_calls(s) for s in self.scenarios}
 
     def add(self, scenarios: Iterable[Scenario]) -> None:
         """Put more scenarios in the pool (hindsight tasks); ids it has already are skipped."""
@@ -176,6 +191,7 @@ class ScenarioSampler:
             self.stats[s.id] = ScenarioStats()
             self._kind[s.id] = task_kind(s)
             self._by_kind.setdefault(self._kind[s.id], ScenarioStats())
+            self._calls[s.id] = _reference_calls(s)
 
     def observe(self, groups: Iterable[TrajectoryGroup]) -> None:
         """Record scored groups (unknown scenario ids are ignored)."""
@@ -193,6 +209,9 @@ class ScenarioSampler:
                 for t in solved
                 if "guided_calls" in t.metadata
             ]
+            calls = self._calls[g.scenario_id or ""]
+            shown = [t for t in g.trajectories if calls and _shown_every_call(t, calls)]
+            shown_solved = sum(t.metrics.get(self._mark, 0.0) >= 1.0 for t in shown)
             for s in (stats, kind):
                 s.groups += 1
                 s.informative += informative
@@ -201,6 +220,8 @@ class ScenarioSampler:
                 s.own_successes += own
                 s.recent_groups = self.decay * s.recent_groups + 1
                 s.recent_informative = self.decay * s.recent_informative + informative
+                s.shown_all += len(shown)
+                s.shown_all_solved += shown_solved
                 if guided:
                     fewest = min(guided)
                     s.guided_solved = min(fewest, s.guided_solved or fewest)
@@ -227,6 +248,16 @@ class ScenarioSampler:
             return False
         kind = self._kind_stats(scenario)
         return kind is not None and kind.groups > 0 and kind.own_successes == 0
+
+    def answer_unread(self, scenario: Scenario, after: int) -> bool:
+        """At least `after` (> 0) attempts of its kind were shown every reference call, with
+        the results, and none answered right: the policy cannot read the answer out of what
+        the calls return (git's log, a table's description), where a demonstration of the
+        calls alone teaches nothing more."""
+        kind = self._kind_stats(scenario)
+        if after <= 0 or kind is None:
+            return False
+        return kind.shown_all >= after and kind.shown_all_solved == 0
 
     def solved(self, scenario: Scenario) -> bool:
         """An attempt of the policy's own choosing has solved its kind (helped ones, explored

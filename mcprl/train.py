@@ -159,6 +159,14 @@ class RunConfig(BaseModel):
         "one-call task's, or any with demonstrate_calls 0) pins complete_task's answer after "
         "them too, the reference's (mcprl's engine): the whole attempt shown, trained on",
     )
+    demonstrate_answer_after: int = Field(
+        default=0,
+        ge=0,
+        description="at a kind where this many attempts were shown every reference call and "
+        "none then answered right, a demonstration that pins every call left pins the "
+        "reference's answer too, as demonstrate_answer does for every kind: the policy makes "
+        "the calls but cannot read the answer out of their results. 0 disables",
+    )
     guide: float = Field(
         default=0.0,
         ge=0.0,
@@ -883,7 +891,9 @@ class TrainingRun:
     def _demonstration(self, scenario: Scenario, calls: list[Any]) -> dict[str, Any]:
         """The start of a demonstration of `calls` (`scenario`'s reference calls, the first
         one due next): the first `demonstrate_calls` of them pinned in turn (0: all), and
-        where that is all of them, with `demonstrate_answer`, the reference's answer."""
+        where that is all of them, with `demonstrate_answer` (or at a kind whose answer the
+        policy has not read out of calls shown to it, `demonstrate_answer_after`), the
+        reference's answer."""
         n = self.config.demonstrate_calls or len(calls)
         first, *rest = calls[:n]
         start = {
@@ -892,7 +902,10 @@ class TrainingRun:
             "next_calls": [{"tool": c.tool, "arguments": c.arguments} for c in rest],
         }
         answer = scenario.reference.answer if scenario.reference is not None else None
-        if self.config.demonstrate_answer and n >= len(calls) and answer is not None:
+        show = self.config.demonstrate_answer or self.sampler.answer_unread(
+            scenario, self.config.demonstrate_answer_after
+        )
+        if show and n >= len(calls) and answer is not None:
             start["pinned_answer"] = answer
         return start
 

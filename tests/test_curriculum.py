@@ -616,20 +616,21 @@ def _answers_after_one_call(body: dict) -> tuple[int, dict]:
     return status, reply
 
 
-async def _two_demonstrating_steps(tmp_path, policy, scenarios, **settings):
-    """Two training steps of one group of 4 attempts on the calculator, exploration off and 2
-    attempts demonstrated where a kind is unsolved, `policy` answering; (run, backend)."""
+async def _two_demonstrating_steps(tmp_path, policy, scenarios, steps=2, **settings):
+    """Two (or `steps`) training steps of one group of 4 attempts on the calculator,
+    exploration off and 2 attempts demonstrated where a kind is unsolved, `policy` answering;
+    (run, backend)."""
     with LocalChatServer(policy) as server:
         backend = FakeBackend(tmp_path, server.base_url)
-        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
+        config = RunConfig(steps=steps, groups_per_step=1, rollouts_per_group=4, oversample=1,
                            eval_every=0, reward="reference", write_report=False, explore=0,
                            demonstrate=2, **settings)  # fmt: skip
         run = TrainingRun(config, load_example("calculator").server, backend,
                           say=lambda _: None, progress=False)  # fmt: skip
         await run.prepare(scenarios)
         summary = _summary(run)
-        await run._step(summary)
-        await run._step(summary)
+        for _ in range(steps):
+            await run._step(summary)
     return run, backend
 
 
@@ -704,6 +705,31 @@ async def test_a_demonstration_with_its_answer_shows_the_whole_attempt(tmp_path,
     for t in shown:
         assert t.metadata["demonstrated_answer"] == "13" == t.metadata["final_answer"]
         assert [c.message_index for c in t.choices] == [2, 4]  # the call and the answer
+
+
+@pytest.mark.anyio
+async def test_a_kind_whose_shown_calls_never_lead_to_its_answer_is_shown_the_answer(tmp_path):
+    """The same policy, with `demonstrate_answer_after=2`: step 2 demonstrates the call
+    alone, and both attempts answer 7; from step 3 on, the kind's demonstrations pin 13 too.
+    A kind whose shown calls were answered right once keeps demonstrating the calls alone."""
+    ref = Reference(answer="13", calls=[ReferenceCall(tool="add", arguments={"a": 4, "b": 9})])
+    tasks = [Scenario(id=f"add{i}", task="Add 4 and 9.", difficulty=1, split="train",
+                      reference=ref) for i in range(2)]  # fmt: skip
+    scenarios = ScenarioSet([*tasks, _scenario("val")])
+    scenarios.scenarios[-1].split = "val"
+    run, backend = await _two_demonstrating_steps(
+        tmp_path, _never_reads_its_result, scenarios, steps=3, demonstrate_answer_after=2
+    )
+    assert [backend.rows[i]["train/attempts_demonstrated"] for i in (1, 2)] == [2, 2]
+    assert backend.rows[1]["train/success"] == 0 < backend.rows[2]["train/success"]
+    shown = [t for t in backend.trained[-1][0].trajectories if "first_arguments" in t.metadata]
+    assert [t.metadata.get("demonstrated_answer") for t in shown] == ["13", "13"]
+    assert run.sampler.answer_unread(tasks[0], 2) and not run.sampler.answer_unread(tasks[0], 3)
+    assert run.sampler.unsolved(tasks[0])  # shown answers are not its own
+    read = _group("add0", [1.0, 0.0])
+    read.trajectories[0].metadata |= {"first_arguments": "{}", "demonstrated_calls": 1}
+    run.sampler.observe([read])
+    assert not run.sampler.answer_unread(tasks[0], 2)
 
 
 def _plural_attempts(n: int) -> str:

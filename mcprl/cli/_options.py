@@ -169,6 +169,13 @@ RUN = [
         const=True,
     ),
     Setting(
+        "--demonstrate-answer-after",
+        "demonstrate_answer_after",
+        "at a kind where N attempts were shown every reference call and none answered "
+        "right, demonstrations pin the reference's answer too (default {default}: off; see "
+        "RESULTS.md)",
+    ),
+    Setting(
         "--guide",
         "guide",
         "at a chain of 2+ calls the model's own attempts have not solved (from its first "
