@@ -20,7 +20,7 @@ import torch
 
 from mcprl.serving import Engine, SamplingParams, load_model
 from mcprl.serving._chat import parse_tool_calls, render_prompt
-from mcprl.serving._engine import _Task
+from mcprl.serving._engine import _min_p, _Task, _top_p
 from mcprl.serving._grammar import CanonicalTokens
 from mcprl.serving._lora import AdapterError, LoraLinear
 from tests.test_serving import CALC_TOOLS, MODEL
@@ -144,19 +144,28 @@ def test_an_idle_engine_hands_freed_memory_back_once(engine, monkeypatch):
     assert trims == [1, 1]
 
 
-def test_min_p_rows_draw_only_likely_tokens_and_leave_their_neighbours_alone(engine):
+def test_min_p_rows_draw_only_likely_tokens(engine):
     prompt = _prompt(engine, "Write a strange poem about numbers.")
-    free = SamplingParams(max_tokens=24, seed=5, temperature=1.3, ignore_eos=True)
-    alone = engine.generate_blocking(prompt, free)
     strict = SamplingParams(
         max_tokens=24, seed=5, temperature=1.3, min_p=0.3, top_logprobs=1, ignore_eos=True
     )
-    both = [engine.submit(prompt, strict), engine.submit(prompt, free)]
-    (kept,), (neighbour,) = [f.result(timeout=120) for f in both]
+    (kept,) = engine.generate_blocking(prompt, strict)
     # under min_p 0.3 every drawn token is at least 0.3 times as likely as the likeliest one
     for logp, top in zip(kept.logprobs, kept.top_logprobs, strict=True):
         assert logp >= top[0][1] + math.log(0.3) - 1e-5
-    assert neighbour.token_ids == alone[0].token_ids
+
+
+@pytest.mark.parametrize(("rule", "off"), [(_min_p, 0.0), (_top_p, 1.0)])
+def test_min_p_and_top_p_leave_the_rows_without_them_bit_for_bit(rule, off):
+    """A row that asks for no min_p (top_p) beside one that does keeps its log-probabilities
+    exactly: normalized a second time, they rounded anew, and a draw at temperature 1.3 moved to
+    the next token id. (On an Intel Xeon, float32 matrix products also round differently for
+    1, 2-5 and 16+ rows, so a row's tokens there depend on the batch's shape: docs/serving.md.)"""
+    torch.manual_seed(0)
+    logp = torch.log_softmax(torch.randn(2, 49152) * 3, dim=-1)
+    out = rule(logp.clone(), torch.tensor([0.3 if rule is _min_p else 0.5, off]))
+    assert torch.equal(out[1], logp[1])
+    assert (out[0] == float("-inf")).sum() > 0  # the other row is cut
 
 
 def test_grammar_rows_and_free_rows_mixed_in_one_batch_all_keep_their_rules(engine):

@@ -856,14 +856,18 @@ def _top_p(logp: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     cumulative = sorted_logp.exp().cumsum(dim=-1)
     drop_sorted = (cumulative - sorted_logp.exp()) >= top_p[:, None]
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    kept = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    return torch.where((top_p < 1.0)[:, None], kept, logp)  # the other rows untouched
 
 
 def _min_p(logp: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Keep the tokens at least min_p times as likely as the row's likeliest; renormalize (a
-    row with min_p 0 keeps everything)."""
+    """Keep the tokens at least min_p times as likely as the row's likeliest; renormalize. A
+    row with min_p 0 is returned as it came: normalizing it again rounds its log-probabilities
+    anew, and at a high temperature that moved a neighbour's draw to the next token id on an
+    Intel Xeon (`test_min_p_rows_draw_only_likely_tokens_and_leave_their_neighbours_alone`)."""
     floor = logp.max(dim=-1, keepdim=True).values + torch.log(min_p)[:, None]
-    return torch.log_softmax(logp.masked_fill(logp < floor, float("-inf")), dim=-1)
+    kept = torch.log_softmax(logp.masked_fill(logp < floor, float("-inf")), dim=-1)
+    return torch.where((min_p > 0.0)[:, None], kept, logp)
 
 
 def _hit_stop(tokenizer: Any, tokens: list[int], stops: list[str]) -> bool:
