@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--val-fraction",
         type=float,
         default=0.25,
-        help="share held out for evaluation (default 0.25)",
+        help="share held out for evaluation, at most: a kind of task keeps one in training "
+        "(default 0.25)",
     )
     s.add_argument("--show", type=int, default=5, help="examples to print (default 5)")
     s.add_argument(
