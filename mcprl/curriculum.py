@@ -231,7 +231,7 @@ class ScenarioSampler:
         from 1 to one fewer than the calls of its chain, and from 1 to one fewer than the
         fewest with which a guided attempt of its kind succeeded, once one has: the help falls
         as the kind gets solved (a curriculum over the chain). 0 for a single call."""
-        n = len(scenario.reference.calls) if scenario.reference is not None else 0
+        n = _reference_calls(scenario)
         kind = self._kind_stats(scenario)
         most = n - 1
         if kind is not None and kind.guided_solved is not None:

@@ -676,6 +676,16 @@ def _never_reads_its_result(body: dict) -> tuple[int, dict]:
     return status, reply
 
 
+def _adds_4_and_9() -> tuple[list[Scenario], ScenarioSet]:
+    """Two train tasks "Add 4 and 9." (add(4, 9) → 13) and a val task; (the tasks, the set)."""
+    ref = Reference(answer="13", calls=[ReferenceCall(tool="add", arguments={"a": 4, "b": 9})])
+    tasks = [Scenario(id=f"add{i}", task="Add 4 and 9.", difficulty=1, split="train",
+                      reference=ref) for i in range(2)]  # fmt: skip
+    scenarios = ScenarioSet([*tasks, _scenario("val")])
+    scenarios.scenarios[-1].split = "val"
+    return tasks, scenarios
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("answer", [False, True])
 async def test_a_demonstration_with_its_answer_shows_the_whole_attempt(tmp_path, answer):
@@ -684,11 +694,7 @@ async def test_a_demonstration_with_its_answer_shows_the_whole_attempt(tmp_path,
     `demonstrate_answer`, complete_task is pinned to the reference's answer after the call:
     the demonstrations succeed, the answer's turn is trained on like the call's, and the kind
     stays unsolved (they are not the policy's own)."""
-    ref = Reference(answer="13", calls=[ReferenceCall(tool="add", arguments={"a": 4, "b": 9})])
-    tasks = [Scenario(id=f"add{i}", task="Add 4 and 9.", difficulty=1, split="train",
-                      reference=ref) for i in range(2)]  # fmt: skip
-    scenarios = ScenarioSet([*tasks, _scenario("val")])
-    scenarios.scenarios[-1].split = "val"
+    tasks, scenarios = _adds_4_and_9()
     run, backend = await _two_demonstrating_steps(
         tmp_path, _never_reads_its_result, scenarios, demonstrate_answer=answer
     )
@@ -712,11 +718,7 @@ async def test_a_kind_whose_shown_calls_never_lead_to_its_answer_is_shown_the_an
     """The same policy, with `demonstrate_answer_after=2`: step 2 demonstrates the call
     alone, and both attempts answer 7; from step 3 on, the kind's demonstrations pin 13 too.
     A kind whose shown calls were answered right once keeps demonstrating the calls alone."""
-    ref = Reference(answer="13", calls=[ReferenceCall(tool="add", arguments={"a": 4, "b": 9})])
-    tasks = [Scenario(id=f"add{i}", task="Add 4 and 9.", difficulty=1, split="train",
-                      reference=ref) for i in range(2)]  # fmt: skip
-    scenarios = ScenarioSet([*tasks, _scenario("val")])
-    scenarios.scenarios[-1].split = "val"
+    tasks, scenarios = _adds_4_and_9()
     run, backend = await _two_demonstrating_steps(
         tmp_path, _never_reads_its_result, scenarios, steps=3, demonstrate_answer_after=2
     )
