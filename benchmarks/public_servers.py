@@ -5,15 +5,16 @@
 `public_servers()` installs them (pinned versions, into `~/.cache/mcprl-bench`, or
 `$MCPRL_BENCH_CACHE`) and returns `{name: server spec}` for `mcprl` commands. Servers built on
 the 1.x MCP SDK get a virtual environment of their own, those on 2.x another, npm ones an npm
-prefix. Their data is written fresh on each call: a two-table shop database for sqlite, a small
-git repository with fixed dates, a folder of text files, and a knowledge graph for the memory
-server, so every run asks the same servers the same things.
+prefix. Their data is written fresh on each call: a two-table shop database for sqlite, a git
+repository of eight commits by four authors at fixed dates, a folder of text files, and a
+knowledge graph for the memory server, so every run asks the same servers the same things.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -89,23 +90,41 @@ def _shop(path: Path) -> Path:
     return path
 
 
+COMMITS = [
+    ("README.md", "# Recipes\n", "Start the recipe book", "Ana Silva", "2024-03-01T10:00:00"),
+    ("soup.md", "Leek soup: leeks, potatoes, stock.\n", "Add leek soup", "Ben Ode",
+     "2024-03-04T12:30:00"),
+    ("bread.md", "Soda bread: flour, buttermilk, salt.\n", "Add soda bread", "Ana Silva",
+     "2024-03-09T09:15:00"),
+    ("curry.md", "Lentil curry: lentils, onion, cumin, coconut milk.\n", "Add lentil curry",
+     "Chloe Park", "2024-03-12T18:40:00"),
+    ("soup.md", "Leek soup: leeks, potatoes, stock, cream.\n", "Put cream in the leek soup",
+     "Ben Ode", "2024-03-15T08:05:00"),
+    ("salad.md", "Bean salad: beans, red onion, parsley, lemon.\n", "Add bean salad",
+     "Dev Rana", "2024-03-20T13:20:00"),
+    ("cake.md", "Carrot cake: carrots, flour, eggs, walnuts.\n", "Add carrot cake",
+     "Chloe Park", "2024-03-26T16:45:00"),
+    ("README.md", "# Recipes\nSoups, breads, mains, salads and cakes.\n",
+     "List the sections in the README", "Ana Silva", "2024-04-02T11:00:00"),
+]  # fmt: skip
+
+
 def _repo(path: Path) -> Path:
-    """A git repository with three commits at fixed dates, by two authors."""
-    if (path / ".git").exists():
+    """A git repository of eight commits at fixed dates by four authors, and a second branch.
+
+    Fixed names and dates give the same commit ids on every machine; a repository laid by an
+    older version of this list is laid again.
+    """
+    stamp = path / ".git" / "mcprl-commits.json"
+    if stamp.exists() and stamp.read_text() == json.dumps(COMMITS):
         return path
-    path.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
     run = lambda *a, **env: subprocess.run(  # noqa: E731
         ["git", *a], cwd=path, check=True, capture_output=True, env={**os.environ, **env}
     )
     run("init", "-q", "-b", "main")
-    commits = [
-        ("README.md", "# Recipes\n", "Start the recipe book", "Ana Silva", "2024-03-01T10:00:00"),
-        ("soup.md", "Leek soup: leeks, potatoes, stock.\n", "Add leek soup", "Ben Ode",
-         "2024-03-04T12:30:00"),
-        ("bread.md", "Soda bread: flour, buttermilk, salt.\n", "Add soda bread", "Ana Silva",
-         "2024-03-09T09:15:00"),
-    ]  # fmt: skip
-    for name, text, message, author, date in commits:
+    for name, text, message, author, date in COMMITS:
         (path / name).write_text(text)
         run("add", name)
         email = author.split()[0].lower() + "@example.com"
@@ -115,6 +134,7 @@ def _repo(path: Path) -> Path:
             GIT_COMMITTER_EMAIL=email,
         )  # fmt: skip
     run("branch", "drafts")
+    stamp.write_text(json.dumps(COMMITS))
     return path
 
 
