@@ -84,6 +84,7 @@ __all__ = [
     "is_informative",
     "is_success",
     "made_calls",
+    "polarity",
     "reference_hint",
     "reference_reward",
     "result_values",
@@ -171,16 +172,21 @@ def answer_matches(answer: str | None, reference: Reference) -> bool:
 _POLARITY = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
 
 
+def polarity(answer: str) -> Literal["yes", "no"] | None:
+    """ "yes" or "no" where `answer` is just that (or "true" or "false"), else None."""
+    return _POLARITY.get(normalize(answer))  # type: ignore[return-value]
+
+
 def _text_matches(answer: str, expected: str) -> bool:
     """`expected` appears in `answer` as whole words, case, accents and punctuation aside
-    ("Ben Ode" is not in "Ben Oder"). A yes or no is right when the answer says that, as "yes"
-    or "true" (or "no" or "false"), and never the other: "True" answers yes, "Yes, or no" does
-    not, and neither does "not" inside another word."""
+    ("Ben Ode" is not in "Ben Oder"). A yes or no (or a true or false) is right when the answer
+    says that, as "yes" or "true" (or "no" or "false"), and never the other: "True" answers
+    yes, "Yes, or no" does not, and neither does "not" inside another word."""
     words = normalize(answer).split()
     wanted = normalize(expected)
-    if wanted in ("yes", "no"):
+    if polarity(expected) is not None:  # a reference "true" takes a "yes" too
         said = {_POLARITY[w] for w in words if w in _POLARITY}
-        return said == {wanted}
+        return said == {polarity(expected)}
     return f" {wanted} " in f" {' '.join(words)} "
 
 
@@ -345,7 +351,7 @@ def _called_tools(calls: _Calls, reference: Reference) -> bool:
 
 def _finds_nothing(answer: str) -> bool:
     """The answer is a "no" or a 0: what an empty result says."""
-    return _POLARITY.get(normalize(answer)) == "no" or equals_as_written(0.0, answer)
+    return polarity(answer) == "no" or equals_as_written(0.0, answer)
 
 
 def _empty(text: str) -> bool:

@@ -69,6 +69,7 @@ from mcprl.mcp import (
     openai_tools,
 )
 from mcprl.policy import Policy, policy_client
+from mcprl.rewards import polarity
 from mcprl.scenarios import Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
 from mcprl.types import Trajectory
@@ -86,17 +87,21 @@ logger = logging.getLogger(__name__)
 
 COMPLETE_TASK = "complete_task"
 
-AnswerType = Literal["number", "string"]
+AnswerType = Literal["number", "yes/no", "string"]
+YES_NO = ["yes", "no"]
 
 
 def answer_type(scenario: Scenario) -> AnswerType:
     """What `complete_task`'s answer should be: the scenario's `answer_type` where it states one,
-    else a number when the reference answer is one, else a string."""
+    else a number when the reference answer is one, "yes/no" when it is a yes or a no (or true
+    or false), else a string."""
     if scenario.answer_type is not None:
         return scenario.answer_type
     ref = scenario.reference
     if ref is None or ref.answer is None:
         return "string"
+    if polarity(ref.answer) is not None:
+        return "yes/no"
     try:
         float(ref.answer)
     except ValueError:
@@ -110,9 +115,14 @@ def complete_task_tool(kind: AnswerType | None) -> dict[str, Any]:
         properties = {"summary": {"type": "string"}}
         required, what = ["summary"], "a short summary of what you did and the final answer"
     else:
-        hint = "the final answer, a number" if kind == "number" else "the final answer"
-        properties = {"answer": {"type": kind, "description": hint}}
-        required, what = ["answer"], hint
+        answer: dict[str, Any] = {"type": "string", "description": "the final answer"}
+        if kind == "number":
+            answer = {"type": "number", "description": "the final answer, a number"}
+        elif kind == "yes/no":  # the grammar then lets the answer be only one of the two
+            answer = {"type": "string", "enum": YES_NO}
+            answer["description"] = "the final answer, yes or no"
+        properties = {"answer": answer}
+        required, what = ["answer"], answer["description"]
     return {
         "type": "function",
         "function": {
@@ -491,6 +501,8 @@ def user_message(scenario: Scenario, config: RolloutConfig, kind: AnswerType | N
         rules = f"You have {turns}; in the last one, call complete_task."
     if kind == "number":
         rules += " The final answer is a number."
+    elif kind == "yes/no":
+        rules += " The final answer is yes or no."
     return f"Please complete this task: {scenario.task}\n\n{rules}"
 
 
@@ -555,6 +567,8 @@ def _pinned_answer(traj: Trajectory, answer: str) -> dict[str, Any]:
     if schema["properties"][key].get("type") == "number":
         value = float(answer)
         value = int(value) if value.is_integer() and abs(value) < 1e15 else value
+    elif schema["properties"][key].get("enum") == YES_NO:
+        value = polarity(answer) or answer
     return {"name": COMPLETE_TASK, "arguments": {key: value}}
 
 

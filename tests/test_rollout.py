@@ -353,6 +353,26 @@ async def test_the_last_turn_is_forced_to_complete_task_with_a_typed_answer(calc
     assert reference_reward(t, SCENARIO) == 1.0
 
 
+async def test_a_yes_or_no_task_takes_yes_or_no_and_a_pinned_true_is_a_yes(calculator):
+    """A reference answer that is a yes or a no (or true or false) types complete_task's answer
+    as one of "yes" and "no", and the task says so; a demonstration pins it in that form."""
+    asks = Scenario(id="yn", task="Is 6 times 7 more than 40?", difficulty=1,
+                    reference=Reference(answer="True", calls=[]))  # fmt: skip
+    assert answer_type(asks) == "yes/no" and answer_type(SCENARIO) == "number"
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})), reply(call("complete_task", {"answer": "yes"}))
+    )
+    config = RolloutConfig(max_turns=2, first_tool="multiply", first_arguments={"a": 6, "b": 7},
+                           pinned_answer="True")  # fmt: skip
+    t = await rollout(MODEL, asks, calculator, config, client=policy)
+    last = policy.requests[-1]
+    finish = next(x for x in last["tools"] if x["function"]["name"] == "complete_task")
+    assert finish["function"]["parameters"]["properties"]["answer"]["enum"] == ["yes", "no"]
+    assert last["tool_choice"]["function"]["arguments"] == {"answer": "yes"}
+    assert "The final answer is yes or no." in t.messages[1]["content"]
+    assert reference_reward(t, asks) == 1.0
+
+
 def test_a_task_without_a_reference_answer_takes_the_answer_type_it_states():
     """A RULER task has no reference answer to type `complete_task` by: it may say what kind of
     answer it wants, and otherwise takes a string; where it says, that wins over the reference."""

@@ -11,6 +11,7 @@ import openai
 import pytest
 import torch
 
+from mcprl.rollout import complete_task_tool
 from mcprl.serving import load_model, start_server
 from mcprl.serving._chat import parse_tool_calls, render_prompt
 from mcprl.serving._server import check_bind
@@ -107,6 +108,17 @@ def test_a_named_tool_choice_calls_that_tool(client):
     choice = {"type": "function", "function": {"name": "convert_units"}}
     r = ask(client, "Multiply 3 by 4.", tools=CALC_TOOLS, tool_choice=choice, max_tokens=72)
     assert r.choices[0].message.tool_calls[0].function.name == "convert_units"
+
+
+def test_a_yes_or_no_answer_is_one_of_the_two_and_nothing_else(client):
+    """complete_task typed "yes/no" (`mcprl.rollout`): an enum, which the grammar holds every
+    sample to, where a small model otherwise answers a yes/no question with a tool's name."""
+    finish = complete_task_tool("yes/no")
+    choice = {"type": "function", "function": {"name": "complete_task"}}
+    r = ask(client, "Is there a commit named Smile?", tools=[finish], tool_choice=choice, n=4,
+            seed=2, temperature=1.5, max_tokens=48)  # fmt: skip
+    answers = [json.loads(c.message.tool_calls[0].function.arguments) for c in r.choices]
+    assert all(a in ({"answer": "yes"}, {"answer": "no"}) for a in answers), answers
 
 
 def test_pinned_arguments_give_that_exact_call_with_the_models_log_probs(client):

@@ -70,11 +70,11 @@ class Scenario(BaseModel):
     reference: Reference | None = None
     tags: list[str] = Field(default_factory=list)
     split: Literal["train", "val"] | None = None
-    answer_type: Literal["number", "string"] | None = Field(
+    answer_type: Literal["number", "yes/no", "string"] | None = Field(
         default=None,
         description="what kind of final answer the task wants, where no reference answer shows "
-        "it (a task for RULER): number or string; None: read off the reference answer, else "
-        "a string",
+        "it (a task for RULER): number, yes/no or string; None: read off the reference answer "
+        "(a number, a yes or no), else a string",
     )
     elicitation: list[dict[str, Any]] | None = Field(
         default=None,
