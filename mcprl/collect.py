@@ -27,7 +27,7 @@ from mcprl._progress import progress_bar
 from mcprl.gather import gather_groups
 from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_annotations
 from mcprl.policy import Policy, policy_client
-from mcprl.rewards import is_success
+from mcprl.rewards import is_success, polarity
 from mcprl.rollout import RolloutConfig, rollout, sampler
 from mcprl.scenarios import Scenario, has_reference
 from mcprl.types import TrajectoryGroup
@@ -215,7 +215,36 @@ def summarize(
         if values:
             out[key] = _mean(values)
     out |= by_chain_length(groups, by_id)
+    out |= yes_no_against_constant(groups, by_id)
     return out
+
+
+def yes_no_against_constant(
+    groups: list[TrajectoryGroup], by_id: dict[str, Scenario]
+) -> dict[str, float]:
+    """Successes on the questions whose answer is a yes or a no (`successes_yes_no` of
+    `checked_attempts_yes_no`), and what the better of a constant "yes" and a constant "no"
+    would score on the same attempts (`constant_yes_no`): a policy that always says "yes"
+    scores there without reading anything, so a gain on these questions counts only above it."""
+    tally = {"yes": [0, 0], "no": [0, 0]}
+    for g in groups:
+        scenario = by_id.get(g.scenario_id or "")
+        reference = scenario.reference if scenario else None
+        said = polarity(reference.answer or "") if reference else None
+        if said is None:
+            continue
+        for t in g.trajectories:
+            if "success" in t.metrics:
+                tally[said][0] += t.metrics["success"] >= 1.0
+                tally[said][1] += 1
+    checked = tally["yes"][1] + tally["no"][1]
+    if not checked:
+        return {}
+    return {
+        "successes_yes_no": float(tally["yes"][0] + tally["no"][0]),
+        "checked_attempts_yes_no": float(checked),
+        "constant_yes_no": float(max(tally["yes"][1], tally["no"][1])),
+    }
 
 
 def chain_length(scenario: Scenario | None) -> int | None:

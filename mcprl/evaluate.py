@@ -174,6 +174,17 @@ def format_table(rows: Sequence[EvalRow]) -> str:
         for r in rows[1:]
         if first and (other := counts(r.metrics))
     ]
+    if rows and "constant_yes_no" in rows[0].metrics:  # the same questions for every model
+        m = rows[0].metrics
+        said = ", ".join(
+            f"{r.model} {r.metrics['successes_yes_no']:.0f} of {m['checked_attempts_yes_no']:.0f}"
+            for r in rows
+            if "successes_yes_no" in r.metrics
+        )
+        compared.append(
+            f"yes/no questions: {said}; always the same answer would score "
+            f"{m['constant_yes_no']:.0f}"
+        )
     chains = [f"{r.model}: {c}" for r in rows if (c := describe_chains(r.metrics))]
     if chains:
         compared += ["success by calls needed:", *(f"  {c}" for c in chains)]

@@ -276,6 +276,33 @@ def test_success_by_the_number_of_calls_a_task_needs_is_shown_where_lengths_diff
     assert "base: 1 call 1 of 2, 2 calls 0 of 2" in table
 
 
+def test_yes_no_successes_are_set_beside_what_a_constant_answer_would_score():
+    """A model that always answers "yes" scores on every yes question without reading: the
+    eval table says how many yes/no attempts succeeded and what the better constant scores."""
+    from mcprl.collect import summarize
+    from mcprl.console import describe_eval
+    from mcprl.evaluate import EvalRow, format_table
+    from mcprl.scenarios import Reference, Scenario
+    from mcprl.types import Trajectory, TrajectoryGroup
+
+    def asks(sid: str, answer: str) -> Scenario:
+        return Scenario(id=sid, task=f"Is {sid} there?", difficulty=1,
+                        reference=Reference(answer=answer))  # fmt: skip
+
+    scenarios = [asks("a", "yes"), asks("b", "no"), asks("c", "False"), asks("n", "3")]
+    said = {"a": 1.0, "b": 0.0, "c": 0.0, "n": 1.0}  # a "yes" habit, and one count right
+    groups = [TrajectoryGroup(scenario_id=sid, trajectories=[
+        Trajectory(reward=ok, metrics={"success": ok}) for _ in range(2)])
+        for sid, ok in said.items()]  # fmt: skip
+    metrics = summarize(groups, scenarios)
+    assert (metrics["successes_yes_no"], metrics["checked_attempts_yes_no"]) == (2, 6)
+    assert metrics["constant_yes_no"] == 4  # always "no": b and c, two attempts each
+    table = format_table([EvalRow(model="agent", metrics=metrics, seconds=1.0)])
+    assert "yes/no questions: agent 2 of 6; always the same answer would score 4" in table
+    assert describe_eval(metrics).endswith("; yes/no 2 of 6 (always the same answer: 4)")
+    assert "constant_yes_no" not in summarize(groups[3:], scenarios)  # no yes/no: nothing
+
+
 @pytest.mark.anyio
 async def test_the_attempts_bar_moves_per_turn(capsys, monkeypatch):
     monkeypatch.setattr("mcprl._progress._is_terminal", lambda: True)  # the bar of a terminal
