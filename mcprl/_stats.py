@@ -21,6 +21,7 @@ __all__ = [
     "chain_counts",
     "counts",
     "describe_chains",
+    "describe_yes_no",
     "difference",
     "rate",
     "split_metrics",
@@ -96,3 +97,14 @@ def describe_chains(metrics: dict[str, Any]) -> str | None:
     if not chains:
         return None
     return ", ".join(f"{n} call{'' if n == 1 else 's'} {k} of {m}" for n, (k, m) in chains.items())
+
+
+def describe_yes_no(metrics: dict[str, Any]) -> str | None:
+    """ "2 of 6 (always the same answer: 4)": successes on the yes/no questions beside what the
+    better constant answer scores on them (`mcprl.collect.yes_no_against_constant`)."""
+    if "constant_yes_no" not in metrics:
+        return None
+    return (
+        f"{metrics['successes_yes_no']:.0f} of {metrics['checked_attempts_yes_no']:.0f} "
+        f"(always the same answer: {metrics['constant_yes_no']:.0f})"
+    )

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from mcprl._stats import counts, describe_chains, rate, split_metrics
+from mcprl._stats import counts, describe_chains, describe_yes_no, rate, split_metrics
 from mcprl.rewards import Informative, Reward
 from mcprl.train import GroupsDrawn, RowRecorded, RunEvent
 from mcprl.types import TrajectoryGroup
@@ -128,18 +128,12 @@ def describe_eval(metrics: dict[str, float]) -> str:
     if "tool_errors" in metrics:
         parts.append(f"tool errors/attempt {metrics['tool_errors']:.2f}")
     chains = describe_chains(metrics)
-    yes_no = ""
-    if "constant_yes_no" in metrics:  # a constant answer scores there without reading
-        yes_no = (
-            f"; yes/no {metrics['successes_yes_no']:.0f} of "
-            f"{metrics['checked_attempts_yes_no']:.0f} (always the same answer: "
-            f"{metrics['constant_yes_no']:.0f})"
-        )
+    yes_no = describe_yes_no(metrics)  # a constant answer scores there without reading
     return (
         ", ".join(parts)
         + f"; {_plural(metrics.get('attempts', 0), 'attempt')}"
         + (f"; by calls needed: {chains}" if chains else "")
-        + yes_no
+        + (f"; yes/no {yes_no}" if yes_no else "")
     )
 
 

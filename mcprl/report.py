@@ -21,7 +21,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mcprl._stats import counts, describe_chains, difference, rate, split_metrics
+from mcprl._stats import (
+    counts,
+    describe_chains,
+    describe_yes_no,
+    difference,
+    rate,
+    split_metrics,
+)
 from mcprl.backends import RunStore, export_run
 from mcprl.types import Trajectory, read_groups
 
@@ -386,13 +393,17 @@ def _summary_table(rows: list[dict[str, Any]]) -> str:
         for k in keys
         if f"val/{k}" in first or f"val/{k}" in last
     )
-    chains = [describe_chains(split_metrics(r)) for r in (first, last)]
-    if any(chains):
-        body += (
-            "<tr><td>success by calls needed</td>"
-            + "".join(f"<td>{html.escape(c or '–')}</td>" for c in chains)
-            + "</tr>"
-        )
+    # by calls needed, and the yes/no questions beside a constant answer (which scores there
+    # without reading)
+    for label, describe in (("success by calls needed", describe_chains),
+                            ("yes/no questions", describe_yes_no)):  # fmt: skip
+        cells = [describe(split_metrics(r)) for r in (first, last)]
+        if any(cells):
+            body += (
+                f"<tr><td>{label}</td>"
+                + "".join(f"<td>{html.escape(c or '–')}</td>" for c in cells)
+                + "</tr>"
+            )
     moved = ""
     if before and after and first is not last:
         steps = f"from step {first['step']} to {last['step']}"

@@ -193,3 +193,20 @@ def test_the_reports_val_table_shows_success_counts_and_whether_they_moved_beyon
     assert "within the noise" not in table
     old = _summary_table([{"step": 0, "val/attempts": 24.0, "val/success": 0.125}])
     assert "12%" in old  # a history written before the counts still reads
+
+
+def test_the_reports_val_table_sets_yes_no_successes_beside_a_constant_answer():
+    """A trained "yes" habit scores on yes/no questions without reading: the report shows the
+    yes/no successes at the first and latest step beside what a constant answer scores."""
+    from mcprl.report import _summary_table
+
+    def val(step: int, yes_no: int) -> dict:
+        return {"step": step, "val/attempts": 24.0, "val/success": yes_no / 24,
+                "val/successes": float(yes_no), "val/checked_attempts": 24.0,
+                "val/successes_yes_no": float(yes_no), "val/checked_attempts_yes_no": 12.0,
+                "val/constant_yes_no": 8.0}  # fmt: skip
+
+    table = _summary_table([val(0, 0), val(10, 5)])
+    assert "<td>yes/no questions</td><td>0 of 12 (always the same answer: 8)</td>" in table
+    assert "<td>5 of 12 (always the same answer: 8)</td>" in table
+    assert "yes/no" not in _summary_table([{"step": 0, "val/attempts": 24.0, "val/success": 0.1}])
