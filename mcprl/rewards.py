@@ -184,9 +184,9 @@ def _text_matches(answer: str, expected: str) -> bool:
     yes, "Yes, or no" does not, and neither does "not" inside another word."""
     words = normalize(answer).split()
     wanted = normalize(expected)
-    if polarity(expected) is not None:  # a reference "true" takes a "yes" too
+    if (meant := polarity(expected)) is not None:  # a reference "true" takes a "yes" too
         said = {_POLARITY[w] for w in words if w in _POLARITY}
-        return said == {polarity(expected)}
+        return said == {meant}
     return f" {wanted} " in f" {' '.join(words)} "
 
 

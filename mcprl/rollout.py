@@ -115,12 +115,16 @@ def complete_task_tool(kind: AnswerType | None) -> dict[str, Any]:
         properties = {"summary": {"type": "string"}}
         required, what = ["summary"], "a short summary of what you did and the final answer"
     else:
-        answer: dict[str, Any] = {"type": "string", "description": "the final answer"}
-        if kind == "number":
-            answer = {"type": "number", "description": "the final answer, a number"}
-        elif kind == "yes/no":  # the grammar then lets the answer be only one of the two
-            answer = {"type": "string", "enum": YES_NO}
-            answer["description"] = "the final answer, yes or no"
+        answer = {
+            "number": {"type": "number", "description": "the final answer, a number"},
+            # an enum: the grammar lets the answer be only one of the two
+            "yes/no": {
+                "type": "string",
+                "enum": YES_NO,
+                "description": "the final answer, yes or no",
+            },
+            "string": {"type": "string", "description": "the final answer"},
+        }[kind]
         properties = {"answer": answer}
         required, what = ["answer"], answer["description"]
     return {
