@@ -202,6 +202,11 @@ def main() -> None:
                 "base": _by_calls([e[base_key] for e in evals]),
                 "trained": _by_calls([e[trained_key] for e in evals]),
             },
+            # the questions answered yes or no, beside what a constant answer scores on them
+            "yes_no": {
+                "base": _yes_no([e[base_key] for e in evals]),
+                "trained": _yes_no([e[trained_key] for e in evals]),
+            },
         }
         results["runs"][name] = run
         out_file.write_text(json.dumps(results, indent=2))
@@ -226,6 +231,26 @@ def _by_calls(metrics: list[dict[str, float]]) -> dict[str, list[int]]:
     return out
 
 
+def _yes_no(metrics: list[dict[str, float]]) -> dict[str, int] | None:
+    """Successes, checked attempts and the better constant answer's successes on the yes/no
+    questions, summed over the seeds; None where the val set has none."""
+    keys = {"successes": "successes_yes_no", "checked": "checked_attempts_yes_no",
+            "constant": "constant_yes_no"}  # fmt: skip
+    if not any(m.get("checked_attempts_yes_no") for m in metrics):
+        return None
+    return {k: int(sum(m.get(key, 0.0) for m in metrics)) for k, key in keys.items()}
+
+
+def _describe_yes_no(run: dict) -> str:
+    b, t = (run.get("yes_no") or {}).get("base"), (run.get("yes_no") or {}).get("trained")
+    if not b or not t:
+        return ""
+    return (
+        f"; yes/no questions base {b['successes']} of {b['checked']}, trained {t['successes']} "
+        f"of {t['checked']} (always the same answer: {t['constant']})"
+    )
+
+
 def _report_run(name: str, run: dict) -> None:
     b, t = run["base"]["success"], run["trained"]["success"]
     delta = statistics.mean(t) - statistics.mean(b)
@@ -234,7 +259,8 @@ def _report_run(name: str, run: dict) -> None:
         f"{name}: val success base {statistics.mean(b):.1%} ± {sd:.1%} -> trained "
         f"{statistics.mean(t):.1%} ± {_sd(t):.1%} ({delta * 100:+.1f} points"
         + (f", {delta / sd:+.1f} base sd" if sd else "")
-        + f"); train {run['train_seconds'] / 60:.1f} min; by calls needed (successes, attempts) "
+        + f"); train {run['train_seconds'] / 60:.1f} min{_describe_yes_no(run)}; "
+        f"by calls needed (successes, attempts) "
         f"{json.dumps(run['by_calls'])}; history {json.dumps(run['history'])}",
         flush=True,
     )
