@@ -102,3 +102,31 @@ def test_remembered_replies_are_bounded(tokenizer):
     for n in range(3):
         prompts.remember(first, tokenizer(f"reply {n}", add_special_tokens=False)["input_ids"])
     assert len(prompts._seen) == 2
+
+
+def test_a_list_of_choices_two_arguments_share_is_shown_once(tokenizer):
+    units = ["meter", "foot", "inch", "mile"]
+    convert = {
+        "type": "function",
+        "function": {
+            "name": "convert",
+            "description": "Convert a length",
+            "parameters": {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "title": "convertArguments",
+                "type": "object",
+                "properties": {
+                    "value": {"type": "number"},
+                    "from_unit": {"type": "string", "enum": units},
+                    "to_unit": {"type": "string", "enum": units},
+                    "title": {"type": "string", "enum": ["a", "b", "c"]},  # a property's name
+                },
+            },
+        },
+    }
+    text = render_text(tokenizer, MESSAGES, [convert])
+    assert text.count('"meter"') == 1
+    assert '"to_unit": {"type": "string", "enum": "same as from_unit"}' in text
+    assert '"title": {"type": "string", "enum": ["a", "b", "c"]}' in text
+    assert "$schema" not in text and "convertArguments" not in text
+    assert convert["function"]["parameters"]["properties"]["to_unit"]["enum"] == units  # as given

@@ -69,17 +69,39 @@ def format_call(name: str, arguments: Any) -> str:
     return f"{TOOL_CALL_BEGIN}\n{payload}\n{TOOL_CALL_END}"
 
 
+_NOISE = ("title", "$schema")  # schema keys that cost a prompt tokens and tell a model nothing
+
+
 def _compact(schema: Any) -> Any:
-    """A JSON schema without its `title`s: generated noise (\"addArguments\") that costs tokens."""
+    """A JSON schema as the prompt shows it: without its `title`s (generated noise such as
+    "addArguments") and `$schema` (the draft's URL), and with a list of choices that a sibling property already spells out
+    written once (`"to_unit": {"enum": "same as from_unit"}` where both list the same 40
+    units). The prompt only: a call's arguments are still held to the full schema."""
     if isinstance(schema, dict):
         return {
-            k: (_compact(v) if k != "properties" else {p: _compact(s) for p, s in v.items()})
+            k: (_compact(v) if k != "properties" else _properties(v))
             for k, v in schema.items()
-            if k != "title"
+            if k not in _NOISE
         }
     if isinstance(schema, list):
         return [_compact(v) for v in schema]
     return schema
+
+
+def _properties(properties: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    first: dict[str, str] = {}  # an enum's JSON: the property that lists it first
+    for name, prop in properties.items():
+        prop = _compact(prop)
+        choices = prop.get("enum") if isinstance(prop, dict) else None
+        if isinstance(choices, list) and len(choices) > 2:
+            key = json.dumps(choices)
+            if key in first:
+                prop = dict(prop, enum=f"same as {first[key]}")
+            else:
+                first[key] = name
+        out[name] = prop
+    return out
 
 
 def _tool_line(tool: dict[str, Any]) -> str:
