@@ -70,7 +70,7 @@ from mcprl.mcp import (
 )
 from mcprl.policy import Policy, policy_client
 from mcprl.rewards import polarity
-from mcprl.scenarios import Scenario
+from mcprl.scenarios import AnswerType, Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
 from mcprl.types import Trajectory
 
@@ -87,7 +87,6 @@ logger = logging.getLogger(__name__)
 
 COMPLETE_TASK = "complete_task"
 
-AnswerType = Literal["number", "yes/no", "string"]
 YES_NO = ["yes", "no"]
 
 

@@ -439,3 +439,27 @@ async def test_yes_and_no_are_equally_often_right():
     assert report.rejected["a yes or no the set has more of"] > 0
     # ... and a right "no" counts only after a look at the data (`Reference.needs_calls`)
     assert all(s.reference.needs_calls for s in scenarios)
+
+
+@pytest.mark.anyio
+async def test_an_llm_written_yes_or_no_question_keeps_its_answer_type():
+    from mcprl.mcp import ToolInfo
+    from mcprl.rollout import answer_type as kind_of
+    from mcprl.rollout import complete_task_tool
+    from mcprl.scenarios import SCENARIOS_SCHEMA, generate_scenarios
+    from tests.helpers import ScriptedJudge
+
+    item = SCENARIOS_SCHEMA["properties"]["scenarios"]["items"]["properties"]
+    assert "yes/no" in item["answer_type"]["enum"]  # the writer is offered the type
+    reply = json.dumps({"scenarios": [
+        {"task": "Is it raining in Paris right now?", "difficulty": 1, "answer_type": "yes/no"},
+        {"task": "What is the temperature in Oslo?", "difficulty": 1, "answer_type": "boolean"},
+    ]})  # fmt: skip
+    tool = ToolInfo(name="get_weather", description="Weather in a city", input_schema={})
+    made = {s.task: s for s in await generate_scenarios(
+        [tool], n=2, generator="t/g", completion_fn=ScriptedJudge(reply))}  # fmt: skip
+    asks = made["Is it raining in Paris right now?"]
+    assert asks.answer_type == "yes/no" and kind_of(asks) == "yes/no"
+    answer = complete_task_tool(kind_of(asks))["function"]["parameters"]["properties"]["answer"]
+    assert answer["enum"] == ["yes", "no"]
+    assert made["What is the temperature in Oslo?"].answer_type is None  # not a type: left out

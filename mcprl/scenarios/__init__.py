@@ -19,6 +19,7 @@ from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
 from mcprl.scenarios._reword import reword_tasks
 from mcprl.scenarios._source import grounded_with_notes, hidden_writers, scenarios_for
 from mcprl.scenarios._types import (
+    AnswerType,
     Reference,
     ReferenceCall,
     Scenario,
@@ -30,6 +31,7 @@ from mcprl.scenarios._types import (
 
 __all__ = [
     "SCENARIOS_SCHEMA",
+    "AnswerType",
     "Deduper",
     "GenerationReport",
     "Reference",

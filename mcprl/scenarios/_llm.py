@@ -23,13 +23,13 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, get_args
 
 from mcprl.errors import ScenarioGenerationError, UsageError
 from mcprl.mcp import ResourceInfo, ServerInfo, ToolInfo
 from mcprl.scenarios._dedupe import Deduper
 from mcprl.scenarios._screen import server_paths
-from mcprl.scenarios._types import Reference, Scenario, ScenarioSet
+from mcprl.scenarios._types import AnswerType, Reference, Scenario, ScenarioSet
 from mcprl.scenarios._verify import verify_proposal
 from ruler import JudgeError, LLMClient, Usage, extract_json
 
@@ -59,7 +59,7 @@ SCENARIOS_SCHEMA: dict[str, Any] = {
                         },
                     },
                     "answer_from": {"type": "string"},
-                    "answer_type": {"type": "string", "enum": ["number", "string"]},
+                    "answer_type": {"type": "string", "enum": list(get_args(AnswerType))},
                 },
                 "required": ["task", "difficulty"],
                 "additionalProperties": False,
@@ -88,7 +88,8 @@ Rules for every task:
 For each task also give `calls`: the tool calls that answer it, in order, with their exact
 arguments; and `answer_from`: the field of the last call's result that holds the answer ("count"
 for how many records it returns; leave it out when the result is the answer itself); and
-`answer_type`: "number" when the answer is a number, else "string". The calls are run to check
+`answer_type`: "number" when the answer is a number, "yes/no" when it is a yes or a no, else
+"string". The calls are run to check
 the task and to record its answer.
 
 Reply with JSON only: {"scenarios": [{"task": "...", "difficulty": 1, "calls": [{"tool": "...",
@@ -134,7 +135,7 @@ def _valid_items(obj: Any) -> tuple[list[_Item], list[str]]:
                     level,
                     calls,
                     hint if isinstance(hint, str) else None,
-                    kind if kind in ("number", "string") else None,
+                    kind if kind in get_args(AnswerType) else None,
                 )
             )
     return items, problems
@@ -146,7 +147,7 @@ class _Item:
     difficulty: int
     calls: list[dict[str, Any]] = field(default_factory=list)
     answer_from: str | None = None
-    answer_type: Literal["number", "string"] | None = None  # kept where no reference shows it
+    answer_type: AnswerType | None = None  # kept where no reference shows it
 
 
 async def generate_scenarios(

@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from mcprl.errors import ScenarioFileError, UsageError
 from mcprl.types import text_lines
 
-__all__ = ["Reference", "ReferenceCall", "Scenario", "ScenarioSet"]
+__all__ = ["AnswerType", "Reference", "ReferenceCall", "Scenario", "ScenarioSet"]
+
+# what kind of final answer a task wants (`Scenario.answer_type`, `complete_task`'s schema)
+AnswerType = Literal["number", "yes/no", "string"]
 
 
 class ReferenceCall(BaseModel):
@@ -70,7 +73,7 @@ class Scenario(BaseModel):
     reference: Reference | None = None
     tags: list[str] = Field(default_factory=list)
     split: Literal["train", "val"] | None = None
-    answer_type: Literal["number", "yes/no", "string"] | None = Field(
+    answer_type: AnswerType | None = Field(
         default=None,
         description="what kind of final answer the task wants, where no reference answer shows "
         "it (a task for RULER): number, yes/no or string; None: read off the reference answer "

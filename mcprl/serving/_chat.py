@@ -74,9 +74,10 @@ _NOISE = ("title", "$schema")  # schema keys that cost a prompt tokens and tell 
 
 def _compact(schema: Any) -> Any:
     """A JSON schema as the prompt shows it: without its `title`s (generated noise such as
-    "addArguments") and `$schema` (the draft's URL), and with a list of choices that a sibling property already spells out
-    written once (`"to_unit": {"enum": "same as from_unit"}` where both list the same 40
-    units). The prompt only: a call's arguments are still held to the full schema."""
+    "addArguments") and `$schema` (the draft's URL), and with a list of choices that a sibling
+    property already spells out written once (`"to_unit": {"enum": "same as from_unit"}` where
+    both list the same 40 units). The prompt only: a call's arguments are still held to the
+    full schema."""
     if isinstance(schema, dict):
         return {
             k: (_compact(v) if k != "properties" else _properties(v))
