@@ -342,10 +342,21 @@ def result_values(text: str, limit: int = 64) -> list[str]:
 def _called_tools(calls: _Calls, reference: Reference) -> bool:
     """The attempt called each tool the reference calls at least once, with a result that is
     no error (any arguments). An empty result (`[]`) found nothing: it bears out a "no" or a 0,
-    and no other answer (`describe_table` of a table that does not exist returns `[]`, and a
-    "yes" after it is still a guess)."""
+    and no other answer, and only from the reference's own call (same tool and arguments):
+    `describe_table` of a table that does not exist returns `[]`, and a "yes" after it is
+    still a guess, as is a "no" after asking about some other table."""
     nothing = _finds_nothing(reference.answer or "")
-    called = {name for name, _, text in calls if text is not None and (nothing or not _empty(text))}
+    tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
+
+    def looked(name: str, args: Any, text: str) -> bool:
+        if not _empty(text):
+            return True
+        return nothing and any(
+            name == ref.tool and _args_match(args, ref.arguments, tolerance)
+            for ref in reference.calls
+        )
+
+    called = {name for name, args, text in calls if text is not None and looked(name, args, text)}
     return all(c.tool in called for c in reference.calls)
 
 

@@ -620,6 +620,10 @@ def test_a_right_guess_about_the_servers_data_is_not_a_success():
         update={"answer": "no"})})  # fmt: skip
     found_nothing = attempt([("describe_table", {"table_name": "orders"}, "[]")], "no")
     assert reward_parts(found_nothing, absent).answer == 1.0
+    # ... from the reference's own call: nothing found about another table is no look at this one
+    elsewhere = attempt([("describe_table", {"table_name": "order"}, "[]")], "no")
+    assert reward_parts(elsewhere, absent).answer == 0.0
+    assert reward_parts(elsewhere, absent).guessed == 1.0
 
 
 def test_reference_answers_numbers_and_text():
