@@ -8,7 +8,7 @@ import torch
 from mcprl.serving._prefix import PrefixCache, common_prefix_length
 
 
-def _kv(ids: list[int]):
+def _kv(ids: list[int], start: int = 0, head=None):
     return [(torch.zeros(1, 1, len(ids), 2), torch.zeros(1, 1, len(ids), 2))]
 
 
@@ -24,7 +24,7 @@ def test_lookup_builds_once_reuses_and_keeps_adapters_apart():
     head = list(range(100, 110))
     built = []
 
-    def build(ids):
+    def build(ids, start, head):
         built.append(ids)
         return _kv(ids)
 
@@ -45,8 +45,21 @@ def test_a_much_longer_shared_prefix_gets_its_own_entry():
     head = list(range(10))
     cache.lookup(None, [[*head, 1], [*head, 2]], _kv)
     longer = head + list(range(50, 60))
-    n, _ = cache.lookup(None, [[*longer, 1], [*longer, 2]], _kv)
+    built = []
+
+    def build(ids, start, kv):
+        built.append((start, kv))
+        return _kv(ids)
+
+    n, _ = cache.lookup(None, [[*longer, 1], [*longer, 2]], build)
     assert n == 20 and len(cache.entries) == 2
+    # built from the end of the cached head it extends, not from the first token
+    ((start, kv),) = built
+    assert start == 10 and kv[0][0].shape[2] == 10
+    # and from the part it shares with an entry that goes on otherwise
+    other = head + list(range(70, 80))
+    cache.lookup(None, [[*other, 1], [*other, 2]], build)
+    assert built[1][0] == 10 and len(cache.entries) == 3
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +97,39 @@ def test_engine_output_is_the_same_with_and_without_the_prefix_cache(fp32_model)
             )
             < 1e-3
         )
+
+
+def test_a_head_that_extends_a_cached_one_runs_only_its_new_tokens(fp32_model):
+    """Each task's wave shares the system prompt and tools, then its own task: its entry starts
+    from the cached tools' keys and values, and the output is what no cache gives."""
+    from mcprl.serving import Engine
+    from mcprl.serving._engine import SamplingParams
+
+    tok = fp32_model.tokenizer
+    tools = tok.encode("System: the tools are add, subtract, multiply and divide. " * 8)
+    tasks = [tools + tok.encode(f"User: what is {n} plus {n}? " * 6) for n in (7, 12)]
+    waves = [[t + tok.encode(f"Attempt {i}:") for i in range(2)] for t in [tools, *tasks]]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    results = {}
+    for use in (False, True):
+        engine = Engine(fp32_model, prefix_cache=use)
+        try:
+            results[use] = [
+                [f.result()[0] for f in [engine.submit(p, params) for p in wave]] for wave in waves
+            ]
+            if use:
+                cache = engine.prefix_cache
+                assert cache.stats["builds"] == 3
+                # two waves started from the tools' entry: its tokens ran once, not three times
+                assert cache.stats["saved_tokens"] >= 3 * len(tools) + 2 * len(tools)
+        finally:
+            engine.close()
+    for plain_wave, cached_wave in zip(results[False], results[True], strict=True):
+        for plain, cached in zip(plain_wave, cached_wave, strict=True):
+            assert plain.token_ids == cached.token_ids
+            pairs = zip(plain.model_logprobs, cached.model_logprobs, strict=True)
+            gaps = [abs(a - b) for a, b in pairs]
+            assert max(gaps) < 1e-3
 
 
 def test_rows_that_share_a_cached_head_read_one_copy_and_decode_as_with_a_copy_each(fp32_model):

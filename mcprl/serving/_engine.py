@@ -444,8 +444,12 @@ class Engine:
         start, kv = 0, None
         if self.prefix_cache is not None:
 
-            def build(ids: list[int]):
-                kv = prefix_kv(model, torch.tensor(ids, device=self.device), logits_to_keep=1)
+            def build(ids: list[int], start: int, head: Any):
+                if head is not None and self.kv_dtype is not None:  # back to the model's dtype,
+                    dtype = next(model.parameters()).dtype  # exactly: it was widened from it
+                    head = [(k.to(dtype), v.to(dtype)) for k, v in head]
+                tail = torch.tensor(ids[start:], device=self.device)
+                kv = prefix_kv(model, tail, past=head, logits_to_keep=1)
                 if self.kv_dtype is None:
                     return kv
                 return [(k.to(self.kv_dtype), v.to(self.kv_dtype)) for k, v in kv]

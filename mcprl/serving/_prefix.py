@@ -7,7 +7,9 @@ runs the model only on what follows it. Entries are kept per adapter (the LoRA c
 values), least recently used first out.
 
 A new entry is made when the rows of a wave share at least `min_tokens` and no cached entry comes
-within `slack` tokens of that; a single-row wave only reuses entries.
+within `slack` tokens of that; a single-row wave only reuses entries. A new entry runs only the
+tokens after the longest start it shares with a cached one: each task's wave shares the system
+prompt and tools with the waves before it, and with a long tool list that is most of its head.
 
 `ConversationCache` keeps what follows the head for each finished reply: an agent's next turn
 repeats the previous prompt and the reply before the tool's answer, and starts from there.
@@ -34,12 +36,15 @@ __all__ = [
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer, batch 1: (keys, values)
 
 
-def prefix_kv(model, ids: torch.Tensor, **kwargs) -> KV:
+def prefix_kv(model, ids: torch.Tensor, past: KV | None = None, **kwargs) -> KV:
     """The keys and values of `ids` ([P] tokens) in every layer of `model`, batch 1 (with their
-    autograd graph where gradients are on); `kwargs` go to the forward call."""
+    autograd graph where gradients are on); `kwargs` go to the forward call. With `past`, the
+    keys and values of tokens before `ids`: the result holds both, `past` first."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
+    for i, (keys, values) in enumerate(past or []):
+        cache.update(keys, values, i)  # appending makes new tensors: `past` stays as it is
     model(input_ids=ids[None], past_key_values=cache, use_cache=True, **kwargs)
     return [(layer.keys, layer.values) for layer in cache.layers]
 
@@ -75,9 +80,12 @@ class PrefixCache:
         self,
         adapter: str | None,
         prompts: Sequence[Sequence[int]],
-        build: Callable[[list[int]], KV],
+        build: Callable[[list[int], int, KV | None], KV],
     ) -> tuple[int, KV | None]:
-        """(prefix length, its keys and values) to start these prompts from; (0, None) if none."""
+        """(prefix length, its keys and values) to start these prompts from; (0, None) if none.
+
+        `build(ids, start, head)` makes a new entry's keys and values for `ids`, given those of
+        its first `start` tokens (`head`, a cached entry it extends; None when `start` is 0)."""
         shared = common_prefix_length(prompts)
         head = prompts[0]
         best: tuple[int, ...] | None = None
@@ -93,12 +101,27 @@ class PrefixCache:
         if len(prompts) < 2 or shared < self.min_tokens:
             return 0, None
         ids = tuple(head[:shared])
-        self.entries[(adapter, ids)] = build(list(ids))
+        start, known = self._longest_start(adapter, ids)
+        self.entries[(adapter, ids)] = build(list(ids), start, known)
         self.stats["builds"] += 1
-        self.stats["saved_tokens"] += shared * (len(prompts) - 1)
+        self.stats["saved_tokens"] += shared * (len(prompts) - 1) + start
         while len(self.entries) > self.max_entries:
             self.entries.popitem(last=False)
         return shared, self.entries[(adapter, ids)]
+
+    def _longest_start(self, adapter: str | None, ids: tuple[int, ...]) -> tuple[int, KV | None]:
+        """The most tokens `ids` starts with that a cached entry of `adapter` starts with too
+        (leaving `ids` one token to run), and the entry's keys and values for them."""
+        start, known = 0, None
+        for (key_adapter, cached), kv in self.entries.items():
+            if key_adapter == adapter:
+                same = [a == b for a, b in zip(ids, cached, strict=False)]
+                n = min(same.index(False) if False in same else len(same), len(ids) - 1)
+                if n > start:
+                    start, known = n, kv
+        if known is None:
+            return 0, None
+        return start, [(k[:, :, :start], v[:, :, :start]) for k, v in known]
 
     def drop(self, adapter: str | None) -> None:
         """Forget the entries of an adapter (it was unloaded, or replaced under its name)."""
