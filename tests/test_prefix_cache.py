@@ -32,6 +32,8 @@ def test_lookup_builds_once_reuses_and_keeps_adapters_apart():
     assert n == 10 and built == [head] and kv[0][0].shape[2] == 10
     n, _ = cache.lookup("a@1", [[*head, 3, 4]], build)  # one row reuses, never builds
     assert n == 10 and len(built) == 1
+    n, kv = cache.lookup("a@1", [[*head[:6], 0, 0]], build)  # the start of an entry
+    assert n == 6 and kv[0][0].shape[2] == 6 and len(built) == 1
     n, _ = cache.lookup("a@2", [[*head, 1], [*head, 2]], build)  # another adapter: its own
     assert n == 10 and len(built) == 2
     assert cache.lookup("a@1", [[5] * 20], build) == (0, None)  # one row, nothing cached
@@ -109,6 +111,7 @@ def test_a_head_that_extends_a_cached_one_runs_only_its_new_tokens(fp32_model):
     tools = tok.encode("System: the tools are add, subtract, multiply and divide. " * 8)
     tasks = [tools + tok.encode(f"User: what is {n} plus {n}? " * 6) for n in (7, 12)]
     waves = [[t + tok.encode(f"Attempt {i}:") for i in range(2)] for t in [tools, *tasks]]
+    waves.append([tools + tok.encode("User: what is 5 times 3?")])  # one row, a new task
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     results = {}
     for use in (False, True):
@@ -119,9 +122,10 @@ def test_a_head_that_extends_a_cached_one_runs_only_its_new_tokens(fp32_model):
             ]
             if use:
                 cache = engine.prefix_cache
-                assert cache.stats["builds"] == 3
-                # two waves started from the tools' entry: its tokens ran once, not three times
-                assert cache.stats["saved_tokens"] >= 3 * len(tools) + 2 * len(tools)
+                # two waves started from the tools' entry: its tokens ran once, not three times;
+                # the single row started from them too, without an entry of its own
+                assert cache.stats["builds"] == 3 and cache.stats["hits"] == 1
+                assert cache.stats["saved_tokens"] >= 3 * len(tools) + 3 * len(tools)
         finally:
             engine.close()
     for plain_wave, cached_wave in zip(results[False], results[True], strict=True):

@@ -7,9 +7,10 @@ runs the model only on what follows it. Entries are kept per adapter (the LoRA c
 values), least recently used first out.
 
 A new entry is made when the rows of a wave share at least `min_tokens` and no cached entry comes
-within `slack` tokens of that; a single-row wave only reuses entries. A new entry runs only the
-tokens after the longest start it shares with a cached one: each task's wave shares the system
-prompt and tools with the waves before it, and with a long tool list that is most of its head.
+within `slack` tokens of that; a single-row wave only reuses entries. Reusing takes the longest
+start a wave shares with any entry, whole or not, and a new entry runs only the tokens after it:
+each task's wave shares the system prompt and tools with the waves before it, and with a long
+tool list that is most of its head.
 
 `ConversationCache` keeps what follows the head for each finished reply: an agent's next turn
 repeats the previous prompt and the reply before the tool's answer, and starts from there.
@@ -69,6 +70,11 @@ def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
+def _head(kv: KV, length: int) -> KV:
+    """The first `length` positions of cached keys and values (views)."""
+    return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
+
+
 class PrefixCache:
     def __init__(self, max_entries: int = 6, min_tokens: int = 64, slack: int = 48) -> None:
         self.max_entries, self.min_tokens, self.slack = max_entries, min_tokens, slack
@@ -87,21 +93,17 @@ class PrefixCache:
         `build(ids, start, head)` makes a new entry's keys and values for `ids`, given those of
         its first `start` tokens (`head`, a cached entry it extends; None when `start` is 0)."""
         shared = common_prefix_length(prompts)
-        head = prompts[0]
-        best: tuple[int, ...] | None = None
-        for key_adapter, ids in self.entries:
-            fits = key_adapter == adapter and len(ids) <= shared
-            if fits and (best is None or len(ids) > len(best)) and tuple(head[: len(ids)]) == ids:
-                best = ids
-        if best is not None and (len(best) + self.slack >= shared or len(prompts) == 1):
-            self.entries.move_to_end((adapter, best))
+        ids = tuple(prompts[0][:shared])
+        start, key = self._longest_start(adapter, ids)
+        close = start + self.slack >= shared or len(prompts) == 1  # no new entry is worth it
+        if key is not None and start >= self.min_tokens and close:
+            self.entries.move_to_end(key)
             self.stats["hits"] += 1
-            self.stats["saved_tokens"] += len(best) * len(prompts)
-            return len(best), self.entries[(adapter, best)]
+            self.stats["saved_tokens"] += start * len(prompts)
+            return start, _head(self.entries[key], start)
         if len(prompts) < 2 or shared < self.min_tokens:
             return 0, None
-        ids = tuple(head[:shared])
-        start, known = self._longest_start(adapter, ids)
+        known = _head(self.entries[key], start) if key is not None else None
         self.entries[(adapter, ids)] = build(list(ids), start, known)
         self.stats["builds"] += 1
         self.stats["saved_tokens"] += shared * (len(prompts) - 1) + start
@@ -109,19 +111,18 @@ class PrefixCache:
             self.entries.popitem(last=False)
         return shared, self.entries[(adapter, ids)]
 
-    def _longest_start(self, adapter: str | None, ids: tuple[int, ...]) -> tuple[int, KV | None]:
-        """The most tokens `ids` starts with that a cached entry of `adapter` starts with too
-        (leaving `ids` one token to run), and the entry's keys and values for them."""
-        start, known = 0, None
-        for (key_adapter, cached), kv in self.entries.items():
-            if key_adapter == adapter:
-                same = [a == b for a, b in zip(ids, cached, strict=False)]
-                n = min(same.index(False) if False in same else len(same), len(ids) - 1)
+    def _longest_start(self, adapter: str | None, ids: tuple[int, ...]) -> tuple[int, Any]:
+        """The most leading tokens of `ids` a cached entry of `adapter` starts with too, and
+        that entry's key: a whole entry, or the start of one that goes on otherwise (the tool
+        block of another task's head)."""
+        start, best = 0, None
+        for key in self.entries:
+            if key[0] == adapter:
+                same = [a == b for a, b in zip(ids, key[1], strict=False)]
+                n = same.index(False) if False in same else len(same)
                 if n > start:
-                    start, known = n, kv
-        if known is None:
-            return 0, None
-        return start, [(k[:, :, :start], v[:, :, :start]) for k, v in known]
+                    start, best = n, key
+        return start, best
 
     def drop(self, adapter: str | None) -> None:
         """Forget the entries of an adapter (it was unloaded, or replaced under its name)."""
