@@ -36,7 +36,9 @@ def test_lookup_builds_once_reuses_and_keeps_adapters_apart():
     assert n == 6 and kv[0][0].shape[2] == 6 and len(built) == 1
     n, _ = cache.lookup("a@2", [[*head, 1], [*head, 2]], build)  # another adapter: its own
     assert n == 10 and len(built) == 2
-    assert cache.lookup("a@1", [[5] * 20], build) == (0, None)  # one row, nothing cached
+    n, _ = cache.lookup("a@1", [[5] * 20], build)  # one row, nothing cached: its own entry
+    assert n == 19 and built[-1] == [5] * 19
+    assert cache.lookup("a@1", [[6] * 3], build) == (0, None)  # too short to keep
     assert cache.lookup("a@1", [[1, 2, 9], [1, 2, 8]], build) == (0, None)  # too short to keep
     cache.drop("a@1")
     assert all(key[0] != "a@1" for key in cache.entries)

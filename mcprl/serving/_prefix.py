@@ -6,11 +6,13 @@ a wave of requests by reusing the cached keys and values of the longest prefix a
 runs the model only on what follows it. Entries are kept per adapter (the LoRA changes keys and
 values), least recently used first out.
 
-A new entry is made when the rows of a wave share at least `min_tokens` and no cached entry comes
-within `slack` tokens of that; a single-row wave only reuses entries. Reusing takes the longest
-start a wave shares with any entry, whole or not, and a new entry runs only the tokens after it:
-each task's wave shares the system prompt and tools with the waves before it, and with a long
-tool list that is most of its head.
+A wave reuses the longest start it shares with any entry, whole or not, when that is at least
+`min_tokens` long and within `slack` tokens of all the rows share (a single row: any such start).
+Otherwise, when the rows share at least `min_tokens`, a new entry is made, running only the
+tokens after that start: each task's wave shares the system prompt and tools with the waves
+before it, and with a long tool list that is most of its head. A single row with nothing to
+reuse gets an entry too: a row without a shared head would make every row it joins hold a copy
+of its own (`Engine`'s merge), for a 3,000-token tool list a copy per row per layer.
 
 `ConversationCache` keeps what follows the head for each finished reply: an agent's next turn
 repeats the previous prompt and the reply before the tool's answer, and starts from there.
@@ -96,12 +98,12 @@ class PrefixCache:
         ids = tuple(prompts[0][:shared])
         start, key = self._longest_start(adapter, ids)
         close = start + self.slack >= shared or len(prompts) == 1  # no new entry is worth it
-        if key is not None and start >= self.min_tokens and close:
+        if start >= self.min_tokens and close:
             self.entries.move_to_end(key)
             self.stats["hits"] += 1
             self.stats["saved_tokens"] += start * len(prompts)
             return start, _head(self.entries[key], start)
-        if len(prompts) < 2 or shared < self.min_tokens:
+        if shared < self.min_tokens:
             return 0, None
         known = _head(self.entries[key], start) if key is not None else None
         self.entries[(adapter, ids)] = build(list(ids), start, known)
