@@ -38,7 +38,13 @@ from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
 from mcprl.serving._memory import return_freed_memory
 from mcprl.serving._models import LoadedModel
-from mcprl.serving._prefix import Continuation, ConversationCache, PrefixCache, prefix_kv
+from mcprl.serving._prefix import (
+    Continuation,
+    ConversationCache,
+    PrefixCache,
+    kv_head,
+    prefix_kv,
+)
 from mcprl.serving._threads import ThreadGovernor
 
 __all__ = ["Completion", "Engine", "SamplingParams"]
@@ -726,8 +732,7 @@ class _Prefix:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
 
     def head(self, length: int) -> _Prefix:
-        kv = [(k[:, :, :length], v[:, :, :length]) for k, v in self.kv]
-        return _Prefix(self.ids[:length], kv)
+        return _Prefix(self.ids[:length], kv_head(self.kv, length))
 
 
 def _shared_length(heads: list[_Prefix | None]) -> int:

@@ -33,6 +33,7 @@ __all__ = [
     "PrefixCache",
     "common_prefix_length",
     "expanded_cache",
+    "kv_head",
     "prefix_kv",
 ]
 
@@ -72,7 +73,7 @@ def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
-def _head(kv: KV, length: int) -> KV:
+def kv_head(kv: KV, length: int) -> KV:
     """The first `length` positions of cached keys and values (views)."""
     return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]
 
@@ -102,10 +103,10 @@ class PrefixCache:
             self.entries.move_to_end(key)
             self.stats["hits"] += 1
             self.stats["saved_tokens"] += start * len(prompts)
-            return start, _head(self.entries[key], start)
+            return start, kv_head(self.entries[key], start)
         if shared < self.min_tokens:
             return 0, None
-        known = _head(self.entries[key], start) if key is not None else None
+        known = kv_head(self.entries[key], start) if key is not None else None
         self.entries[(adapter, ids)] = build(list(ids), start, known)
         self.stats["builds"] += 1
         self.stats["saved_tokens"] += shared * (len(prompts) - 1) + start
