@@ -62,6 +62,7 @@ from mcprl.errors import UsageError
 from mcprl.mcp import looks_like_error
 from mcprl.scenarios import (
     Reference,
+    ReferenceCall,
     Scenario,
     equals_as_written,
     normalize,
@@ -211,6 +212,17 @@ def _args_match(actual: Any, expected: Any, tolerance: float) -> bool:
 _Calls = list[tuple[str, Any, str | None]]  # (tool, arguments, result text or None)
 
 
+def _argument_tolerance(reference: Reference) -> float:
+    """How close a call's numbers must come to a reference call's: the scenario's tolerance,
+    else 1e-6."""
+    return reference.tolerance if reference.tolerance is not None else 1e-6
+
+
+def _is_call(name: str | None, args: Any, ref: ReferenceCall, tolerance: float) -> bool:
+    """A call of the reference call's tool with matching arguments."""
+    return name == ref.tool and _args_match(args, ref.arguments, tolerance)
+
+
 def made_calls(trajectory: Trajectory) -> _Calls:
     """(tool, arguments, result text or None for an error) per call, in order. An error is a
     result flagged as one or one that reads as one ("Database error: no tables specified")."""
@@ -248,11 +260,8 @@ def _calls_credit(calls: _Calls, reference: Reference, tool_only: float) -> floa
     if not reference.calls:
         return 0.0
     made = [(n, a) for n, a, _ in calls if n != "complete_task"]
-    tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
-    full = [
-        any(n == ref.tool and _args_match(a, ref.arguments, tolerance) for n, a in made)
-        for ref in reference.calls
-    ]
+    tolerance = _argument_tolerance(reference)
+    full = [any(_is_call(n, a, ref, tolerance) for n, a in made) for ref in reference.calls]
     credit = float(sum(full))
     if tool_only > 0 and len(made) <= len(reference.calls):
         # the calls left over after the full matches, each standing for at most one reference
@@ -277,7 +286,7 @@ def call_turns(trajectory: Trajectory, reference: Reference) -> list[list[int]]:
     move the chain on like its own. The scorer keeps it, as JSON, in `metadata["call_turns"]`,
     where training reads it to give each turn credit for its call (`TrainConfig.call_credit`)."""
     calls = reference.calls
-    tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
+    tolerance = _argument_tolerance(reference)
     due, out = 0, []
     for index, message in enumerate(trajectory.messages):
         if message.get("role") != "assistant" or due >= len(calls):
@@ -289,8 +298,7 @@ def call_turns(trajectory: Trajectory, reference: Reference) -> list[list[int]]:
                 args = json.loads(function.get("arguments") or "{}")
             except json.JSONDecodeError:
                 break
-            ref = calls[due]
-            if function.get("name") != ref.tool or not _args_match(args, ref.arguments, tolerance):
+            if not _is_call(function.get("name"), args, calls[due], tolerance):
                 break
             due += 1
             if due == len(calls):
@@ -346,15 +354,12 @@ def _called_tools(calls: _Calls, reference: Reference) -> bool:
     `describe_table` of a table that does not exist returns `[]`, and a "yes" after it is
     still a guess, as is a "no" after asking about some other table."""
     nothing = _finds_nothing(reference.answer or "")
-    tolerance = reference.tolerance if reference.tolerance is not None else 1e-6
+    tolerance = _argument_tolerance(reference)
 
     def looked(name: str, args: Any, text: str) -> bool:
         if not _empty(text):
             return True
-        return nothing and any(
-            name == ref.tool and _args_match(args, ref.arguments, tolerance)
-            for ref in reference.calls
-        )
+        return nothing and any(_is_call(name, args, ref, tolerance) for ref in reference.calls)
 
     called = {name for name, args, text in calls if text is not None and looked(name, args, text)}
     return all(c.tool in called for c in reference.calls)
