@@ -25,7 +25,7 @@ import anyio
 
 from mcprl._progress import progress_bar
 from mcprl.gather import gather_groups
-from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_annotations
+from mcprl.mcp import MCPSession, ServerSpec, ToolInfo, open_session, tool_access, tool_annotations
 from mcprl.policy import Policy, policy_client
 from mcprl.rewards import is_success, polarity
 from mcprl.rollout import RolloutConfig, rollout, sampler
@@ -85,8 +85,8 @@ async def collect_groups(
         )
 
 
-# Servers (by spec) seen to have a tool not annotated read-only, so that later collections do
-# not start a process only to list the tools again.
+# Servers (by spec) seen to have a tool that may write, so that later collections do not start
+# a process only to list the tools again.
 _WRITING: set[str] = set()
 
 
@@ -99,8 +99,13 @@ def _server_key(server: Any) -> str | None:
 @contextlib.asynccontextmanager
 async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[Any]:
     """What each attempt connects to: one session that all share, where every tool of the
-    server is annotated read-only (nothing an attempt does can change what another sees, and
-    no process starts per attempt); otherwise the server itself, a fresh session per attempt."""
+    server only reads (nothing an attempt does can change what another sees, and no process
+    starts per attempt); otherwise the server itself, a fresh session per attempt.
+
+    A tool reads by `mcprl.mcp.tool_access`, the judgement that also decides which tools the
+    scenario generator may call: its annotations where it has them, else a conservative reading
+    of its name. Starting a process per attempt is not free: a FastMCP server took 1.1-1.5 s of
+    CPU to start here, 15 s of every 80-second units rollout phase (benchmarks/RESULTS.md)."""
     key = _server_key(server)
     if (
         server is None
@@ -117,12 +122,21 @@ async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[An
         sampling=sampler(config),
     ) as session:
         tools = await session.list_tools()
-        if tools and all(tool_annotations(t).get("readOnlyHint") is True for t in tools):
+        if tools and all(_reads(t) for t in tools):
             yield session
             return
     if key is not None:  # the next collection goes straight to a session per attempt
         _WRITING.add(key)
     yield server
+
+
+def _reads(tool: Any) -> bool:
+    info = ToolInfo(
+        name=tool.name,
+        input_schema=dict(tool.input_schema or {}),
+        annotations=tool_annotations(tool),
+    )
+    return tool_access(info)[0] == "read"
 
 
 async def score_groups(

@@ -189,9 +189,10 @@ class RolloutConfig(BaseModel):
     )
     share_session: Literal["auto", "never"] = Field(
         default="auto",
-        description="auto: when every tool of the server is annotated read-only "
-        "(readOnlyHint), the attempts of one collection share one server session (one process "
-        "over stdio) instead of starting one each; never: a fresh session per attempt",
+        description="auto: when every tool of the server only reads (annotated readOnlyHint, "
+        "or, without annotations, a name that says it reads: `mcprl.mcp.tool_access`), the "
+        "attempts of one collection share one server session (one process over stdio) "
+        "instead of starting one each; never: a fresh session per attempt",
     )
     look_before_answer: bool = Field(
         default=True,

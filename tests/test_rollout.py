@@ -794,7 +794,7 @@ with open({{started!r}}, "a") as f:  # one line per process started
 server = make_server("whoami", "says which process answers")
 
 @server.tool({{annotations}})
-def whoami() -> str:
+def {{name}}() -> str:
     \"\"\"The server's process id.\"\"\"
     return str(os.getpid())
 
@@ -809,7 +809,7 @@ class _AskOnce(ScriptedPolicy):
         self.requests.append(kwargs)
         if kwargs["messages"][-1]["role"] == "tool":
             return reply(call("complete_task", {"answer": "done"}))
-        return reply(call("whoami", {}))
+        return reply(call(kwargs["tools"][0]["function"]["name"], {}))
 
 
 class _ScriptedModel:
@@ -830,15 +830,22 @@ class _ScriptedModel:
         return _Client()
 
 
-@pytest.mark.parametrize("annotated", [True, False])
+@pytest.mark.parametrize(
+    ("name", "annotated", "reads"),
+    [("whoami", True, True), ("get_pid", False, True), ("whoami", False, False)],
+)
 async def test_attempts_share_one_server_process_only_when_every_tool_only_reads(
-    tmp_path, annotated
+    tmp_path, name, annotated, reads
 ):
+    """Read-only by its annotation, or without one by a name that says it reads (`get_pid`);
+    `whoami` with no annotation may write, as far as anyone can tell."""
     from mcprl.collect import collect_groups
 
     path, started = tmp_path / "whoami.py", tmp_path / "started.txt"
     annotations = "annotations=READS" if annotated else ""
-    path.write_text(WHOAMI_SERVER.format(annotations=annotations, started=str(started)))
+    path.write_text(
+        WHOAMI_SERVER.format(annotations=annotations, started=str(started), name=name)
+    )
     task = Scenario(id="w", task="Who answers?", difficulty=1)
     config = RolloutConfig(max_turns=2)
 
@@ -854,13 +861,13 @@ async def test_attempts_share_one_server_process_only_when_every_tool_only_reads
     groups = await collect(3)
     pids = {t.messages[3]["content"] for t in groups[0].trajectories}
     assert len(groups[0].trajectories) == 3
-    assert len(pids) == (1 if annotated else 3)
+    assert len(pids) == (1 if reads else 3)
     # the tools are listed once per collection where they are shared, and once per server
     # (not per collection) where they are not: a writing server starts one process per attempt
-    assert processes() == (1 if annotated else 4)
+    assert processes() == (1 if reads else 4)
     await collect(2)
-    assert processes() == (2 if annotated else 6)
-    if annotated:  # and a user can ask for a process per attempt anyway
+    assert processes() == (2 if reads else 6)
+    if reads:  # and a user can ask for a process per attempt anyway
         groups = await collect(2, config.model_copy(update={"share_session": "never"}))
         assert len({t.messages[3]["content"] for t in groups[0].trajectories}) == 2
 
