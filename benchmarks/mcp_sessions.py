@@ -7,6 +7,12 @@ paid once per rollout. Measured side by side in one run on the calculator exampl
 
 Prints, per transport, the median time to open + close a session, the median time of one tool
 call inside an open session, and their ratio (how many tool calls one session costs).
+
+    python benchmarks/mcp_sessions.py --server CMD [--concurrent 16]
+
+opens `--concurrent` sessions with a server of your own at once, as a training step's attempts
+do when they do not share one (`RolloutConfig.share_session`), against one session alone: wall
+time, and the CPU time the server processes took.
 """
 
 from __future__ import annotations
@@ -44,12 +50,45 @@ async def measure(target, rounds: int) -> tuple[float, float]:
     return statistics.median(opens), statistics.median(calls)
 
 
+async def at_once(server: str, sessions: int) -> float:
+    """Seconds until `sessions` sessions, opened together, have each listed the tools."""
+
+    async def one() -> None:
+        async with open_session(server) as session:
+            await session.list_tools()
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(sessions):
+            tg.start_soon(one)
+    return time.perf_counter() - started
+
+
+def concurrent(server: str, sessions: int) -> None:
+    print(f"\nserver: {server}\n")
+    print("| sessions at once | wall s | server CPU s | server CPU s a session |")
+    print("| ---: | ---: | ---: | ---: |")
+    for n in (1, sessions):
+        before = os.times()
+        wall = anyio.run(at_once, server, n)
+        after = os.times()
+        cpu = sum(
+            getattr(after, f) - getattr(before, f) for f in ("children_user", "children_system")
+        )
+        print(f"| {n} | {wall:.1f} | {cpu:.1f} | {cpu / n:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--server", help="a server command: sessions opened at once")
+    parser.add_argument("--concurrent", type=int, default=16)
     args = parser.parse_args()
     cpu = platform.processor() or platform.machine()
     print(f"machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    if args.server:
+        concurrent(args.server, args.concurrent)
+        return
     rows = []
     stdio = f"{sys.executable} {ROOT / 'examples/servers/calculator.py'}"
     rows.append(("in-process", anyio.run(measure, load_example("calculator").server, args.rounds)))
