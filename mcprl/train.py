@@ -438,6 +438,14 @@ class TrainingRun:
                 "offers them"
             )
         offered = [t.name for t in writing_tools(info.tools) if t.name not in hidden]
+        unannotated = [t.name for t in info.tools if "readOnlyHint" not in t.annotations]
+        if rollout.share_session == "auto" and not writing_tools(info.tools) and unannotated:
+            self.say(
+                "  attempts share one server session: by their names, none of its tools "
+                f"changes the server's data (not annotated: {', '.join(unannotated[:3])}"
+                f"{', …' if len(unannotated) > 3 else ''}); `--fresh-sessions` "
+                '(`share_session="never"`) gives each attempt its own'
+            )
         if offered:
             self.say(
                 f"  note: {len(offered)} of its tools may change the server's data "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,46 @@ async def test_groups_are_judged_concurrently_and_kept_in_order():
     with anyio.fail_after(5):
         out = await score_groups(groups, score, progress=False)
     assert [g.scenario_id for g in out] == ["a", "c"]
+
+
+@pytest.mark.anyio
+async def test_a_run_says_when_attempts_share_a_session_on_the_strength_of_tool_names(tmp_path):
+    """Unannotated tools named for reading: one session for all attempts (`mcprl.collect`),
+    and the run says so, with the switch; annotated read-only tools need no such word."""
+    from tests.helpers import EXAMPLES as SERVERS
+
+    server = tmp_path / "lookup.py"
+    server.write_text(
+        f"import sys\nsys.path.insert(0, {str(SERVERS)!r})\n"
+        "from _compat import make_server, serve\n"
+        "server = make_server('lookup', 'reads')\n"
+        '@server.tool()\ndef get_answer() -> int:\n    """The answer."""\n    return 42\n'
+        "serve(server)\n"
+    )
+    task = ScenarioSet(
+        [
+            Scenario(
+                id=k,
+                task="What is the answer?",
+                difficulty=1,
+                split=split,
+                reference=Reference(answer="42"),
+            )
+            for k, split in (("a", "train"), ("b", "val"))
+        ]
+    )
+    for name, target in (
+        ("guessed", f"{sys.executable} {server}"),
+        ("annotated", "example:catalog"),
+    ):
+        said: list[str] = []
+        run = TrainingRun(RunConfig(), target, FakeBackend(tmp_path / name), say=said.append)
+        await run.prepare(task)
+        shared = [line for line in said if "share one server session" in line]
+        if name == "guessed":
+            assert "(not annotated: get_answer)" in shared[0] and "--fresh-sessions" in shared[0]
+        else:
+            assert shared == []
 
 
 @pytest.mark.anyio
