@@ -843,9 +843,7 @@ async def test_attempts_share_one_server_process_only_when_every_tool_only_reads
 
     path, started = tmp_path / "whoami.py", tmp_path / "started.txt"
     annotations = "annotations=READS" if annotated else ""
-    path.write_text(
-        WHOAMI_SERVER.format(annotations=annotations, started=str(started), name=name)
-    )
+    path.write_text(WHOAMI_SERVER.format(annotations=annotations, started=str(started), name=name))
     task = Scenario(id="w", task="Who answers?", difficulty=1)
     config = RolloutConfig(max_turns=2)
 
