@@ -25,7 +25,7 @@ import anyio
 
 from mcprl._progress import progress_bar
 from mcprl.gather import gather_groups
-from mcprl.mcp import MCPSession, ServerSpec, ToolInfo, open_session, tool_access, tool_annotations
+from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_access, tool_info
 from mcprl.policy import Policy, policy_client
 from mcprl.rewards import is_success, polarity
 from mcprl.rollout import RolloutConfig, rollout, sampler
@@ -122,21 +122,12 @@ async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[An
         sampling=sampler(config),
     ) as session:
         tools = await session.list_tools()
-        if tools and all(_reads(t) for t in tools):
+        if tools and all(tool_access(tool_info(t))[0] == "read" for t in tools):
             yield session
             return
     if key is not None:  # the next collection goes straight to a session per attempt
         _WRITING.add(key)
     yield server
-
-
-def _reads(tool: Any) -> bool:
-    info = ToolInfo(
-        name=tool.name,
-        input_schema=dict(tool.input_schema or {}),
-        annotations=tool_annotations(tool),
-    )
-    return tool_access(info)[0] == "read"
 
 
 async def score_groups(

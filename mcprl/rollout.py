@@ -67,6 +67,7 @@ from mcprl.mcp import (
     describe_elicitation,
     open_session,
     openai_tools,
+    tool_info,
 )
 from mcprl.policy import Policy, policy_client
 from mcprl.rewards import polarity
@@ -328,11 +329,7 @@ async def rollout(
         )
     async with opened as session:
         mcp_tools = [
-            ToolInfo(
-                name=t.name, description=t.description or "", input_schema=dict(t.input_schema)
-            )
-            for t in await session.list_tools()
-            if t.name not in config.hidden_tools
+            tool_info(t) for t in await session.list_tools() if t.name not in config.hidden_tools
         ]
         by_name = {t.name: t for t in mcp_tools}
         if config.first_tool is not None and config.first_tool not in by_name:

@@ -437,9 +437,10 @@ class TrainingRun:
                 f"data and that no task calls ({', '.join(hidden)}): `allow_writes=True` "
                 "offers them"
             )
-        offered = [t.name for t in writing_tools(info.tools) if t.name not in hidden]
+        writers = writing_tools(info.tools)
+        offered = [t.name for t in writers if t.name not in hidden]
         unannotated = [t.name for t in info.tools if "readOnlyHint" not in t.annotations]
-        if rollout.share_session == "auto" and not writing_tools(info.tools) and unannotated:
+        if rollout.share_session == "auto" and not writers and unannotated:
             self.say(
                 "  attempts share one server session: by their names, none of its tools "
                 f"changes the server's data (not annotated: {', '.join(unannotated[:3])}"

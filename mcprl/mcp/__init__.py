@@ -16,6 +16,7 @@ from mcprl.mcp._inspect import (
     inspect_server,
     openai_tools,
     tool_annotations,
+    tool_info,
 )
 from mcprl.mcp._login import code_flow, login
 from mcprl.mcp._results import ResultsAs, ToolResult
@@ -60,5 +61,6 @@ __all__ = [
     "openai_tools",
     "tool_access",
     "tool_annotations",
+    "tool_info",
     "writing_tools",
 ]

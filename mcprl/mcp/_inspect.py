@@ -66,15 +66,7 @@ async def inspect_server(
 ) -> ServerInfo:
     """List a server's tools and resources (reading text resources, cut to a size)."""
     async with open_session(server, **session_options) as session:
-        tools = [
-            ToolInfo(
-                name=t.name,
-                description=t.description or "",
-                input_schema=dict(t.input_schema or {"type": "object", "properties": {}}),
-                annotations=tool_annotations(t),
-            )
-            for t in await session.list_tools()
-        ]
+        tools = [tool_info(t) for t in await session.list_tools()]
         if require_tools and not tools:
             raise MCPServerError(
                 f"MCP server {session.spec.describe()} offers no tools, so there is nothing to "
@@ -107,6 +99,16 @@ async def inspect_server(
             resources=resources,
             prompts=prompts,
         )
+
+
+def tool_info(tool: Any) -> ToolInfo:
+    """An MCP SDK tool (as `MCPSession.list_tools` gives it) as mcprl's `ToolInfo`."""
+    return ToolInfo(
+        name=tool.name,
+        description=tool.description or "",
+        input_schema=dict(tool.input_schema or {"type": "object", "properties": {}}),
+        annotations=tool_annotations(tool),
+    )
 
 
 def tool_annotations(tool: Any) -> dict[str, Any]:
