@@ -25,7 +25,7 @@ import anyio
 
 from mcprl._progress import progress_bar
 from mcprl.gather import gather_groups
-from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_access, tool_info
+from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_info, writing_tools
 from mcprl.policy import Policy, policy_client
 from mcprl.rewards import is_success, polarity
 from mcprl.rollout import RolloutConfig, rollout, sampler
@@ -122,7 +122,7 @@ async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[An
         sampling=sampler(config),
     ) as session:
         tools = await session.list_tools()
-        if tools and all(tool_access(tool_info(t))[0] == "read" for t in tools):
+        if tools and not writing_tools([tool_info(t) for t in tools]):
             yield session
             return
     if key is not None:  # the next collection goes straight to a session per attempt
