@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from mcprl._memory import bound_allocator
 from mcprl.cli._display import EXIT_INTERRUPTED
 from mcprl.cli._options import FlagsFormatter, flags_for, server_of
 from mcprl.cli._parser import build_parser
@@ -32,6 +33,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    bound_allocator()  # before any thread starts: glibc fixes its arena limit early
     args = build_parser().parse_args(argv)
     root = logging.getLogger()
     if not root.handlers:  # as logging.basicConfig: only where nothing is set up yet

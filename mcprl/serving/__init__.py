@@ -17,7 +17,6 @@ from typing import Any
 
 from mcprl.serving._engine import Completion, Engine, SamplingParams
 from mcprl.serving._kv import CPU_ATTENTION
-from mcprl.serving._memory import return_freed_memory
 from mcprl.serving._models import (
     DEFAULT_MODEL,
     LoadedModel,
@@ -77,7 +76,6 @@ __all__ = [
     "pick_dtype",
     "prefix_kv",
     "resolve_model",
-    "return_freed_memory",
     "start_server",
     "start_with",
     "threads_left",

@@ -32,11 +32,11 @@ from typing import Any, TypeVar
 
 import torch
 
+from mcprl._memory import bound_allocator, return_freed_memory
 from mcprl.errors import UsageError
 from mcprl.serving._grammar import CanonicalTokens, GrammarFactory, apply_bitmask
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
-from mcprl.serving._memory import return_freed_memory
 from mcprl.serving._models import LoadedModel
 from mcprl.serving._prefix import (
     Continuation,
@@ -130,6 +130,7 @@ class Engine:
         conversation_cache: bool = True,
         canonical: bool = False,
     ):
+        bound_allocator()  # freed caches go back to the OS within a phase too (`_memory`)
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer

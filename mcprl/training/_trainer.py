@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
+from mcprl._memory import return_freed_memory
 from mcprl.errors import CheckpointError
-from mcprl.serving import pick_dtype, return_freed_memory, torch_dtype
+from mcprl.serving import pick_dtype, torch_dtype
 from mcprl.serving import prefix_kv as run_prefix
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
 from mcprl.training._config import LoraConfig, TrainConfig
