@@ -63,10 +63,12 @@ def bound_allocator(available_gb: float | None = None) -> dict[str, int]:
     and evaluations 12-15% slower, so a machine with memory to spare keeps the faster default.
     Call it before the process starts its threads: glibc fixes its arena limit once it has
     8 arenas. Returns the settings it made, by environment variable name."""
-    mallopt = getattr(_libc(), "mallopt", None)
     if available_gb is None:
         available_gb = _available_gb()
-    if mallopt is None or available_gb is None or available_gb >= SHORT_GB:
+    if available_gb is None or available_gb >= SHORT_GB:
+        return {}  # before looking libc up: find_library runs ldconfig, at every CLI start
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return {}
     made = {}
     for var, param, value in (
