@@ -4,8 +4,10 @@ glibc keeps what a process frees, in per-thread arenas of 64 MB heaps, for the p
 A model on CPU frees gigabytes of activations and caches at a time, and the arenas hold on to
 them: a git training process that had not yet trained held 8.6 GB, 6.5 GB of it in 103 such
 heaps, while the same rollouts replayed in a process of their own peaked at 4.4 GB. Trimming
-returns the free pages of every arena, but only between phases. Within one, two settings keep
-the memory from piling up where memory is short (`bound_allocator`): few arenas, and blocks
+returns the free pages of every arena: the trainer trims after a step, the engine when idle and,
+busy, every 2 s as rows finish (a catalog step's peak 10.1 -> 8.3 GB, a calculator step's 4.0
+-> 3.5 GB, 30-90 ms a trim). Where memory is short, two settings also keep the memory from
+piling up between trims (`bound_allocator`): few arenas, and blocks
 of 4 MB or more mapped on their own, so that freeing one unmaps it (glibc otherwise raises
 that threshold to the largest block freed, up to 32 MB, and keeps every such block after the
 first in an arena). No-ops without glibc.

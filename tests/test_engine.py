@@ -132,6 +132,7 @@ def test_an_idle_engine_hands_freed_memory_back_once(engine, monkeypatch):
     trims = []
     monkeypatch.setattr(engine_module, "return_freed_memory", lambda: trims.append(1))
     monkeypatch.setattr(engine, "trim_after_s", 0.2)
+    monkeypatch.setattr(engine, "trim_every_s", None)
     prompt = _prompt(engine, "Say hello.")
     engine.submit(prompt, SamplingParams(max_tokens=3, seed=0)).result(timeout=120)
     deadline = time.monotonic() + 10
@@ -142,6 +143,32 @@ def test_an_idle_engine_hands_freed_memory_back_once(engine, monkeypatch):
     engine.submit(prompt, SamplingParams(max_tokens=3, seed=1)).result(timeout=120)
     time.sleep(0.6)
     assert trims == [1, 1]
+
+
+def test_a_busy_engine_hands_back_what_finished_rows_freed_at_most_so_often(engine, monkeypatch):
+    """Within a rollout phase the engine is never idle: glibc kept every freed cache, and a
+    catalog step's process grew to 10 GB. Where rows finish while others run, it trims, no
+    more often than `trim_every_s`."""
+    import mcprl.serving._engine as engine_module
+
+    trims = []
+    monkeypatch.setattr(engine_module, "return_freed_memory", lambda: trims.append(1))
+    monkeypatch.setattr(engine, "trim_after_s", 3600.0)  # no idle trim in this test
+    prompt = _prompt(engine, "Count to twenty.")
+
+    def run(every: float) -> int:
+        monkeypatch.setattr(engine, "trim_every_s", every)
+        before = len(trims)
+        futures = [
+            engine.submit(prompt, SamplingParams(max_tokens=m, seed=m, ignore_eos=True))
+            for m in (2, 4, 6, 30)
+        ]
+        for f in futures:
+            f.result(timeout=120)
+        return len(trims) - before
+
+    assert run(0.0) >= 3  # the rows that finish before the last one, each time
+    assert run(3600.0) == 0
 
 
 def test_min_p_rows_draw_only_likely_tokens(engine):

@@ -167,7 +167,8 @@ class Engine:
         # prefill_tokens: prompt tokens run through the model (after the shared-prefix cache)
         # shared_steps: steps whose rows read one copy of their common prompt head (`_Prefix`)
         self.stats = {"prefills": 0, "steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0,
-                      "prefill_s": 0.0, "step_s": 0.0, "shared_steps": 0}  # fmt: skip
+                      "prefill_s": 0.0, "step_s": 0.0, "shared_steps": 0, "trims": 0,
+                      "trim_s": 0.0}  # fmt: skip
         self.prefix_cache = PrefixCache() if prefix_cache else None
         self.conversations = ConversationCache() if conversation_cache else None
         # on CPU, threads follow the cores other processes leave free (mcprl.serving._threads)
@@ -175,6 +176,9 @@ class Engine:
         # idle this long after work, the engine returns freed memory to the OS (`_memory`)
         self.trim_after_s = 1.0
         self._worked = False
+        # busy, it returns what finished rows freed at most this often (None: only when idle)
+        self.trim_every_s: float | None = 2.0
+        self._trimmed = time.monotonic()
         self._worker = threading.Thread(target=self._run, name="mcprl-engine", daemon=True)
         self._worker.start()
 
@@ -422,6 +426,7 @@ class Engine:
             self._keep_conversation(batch, k)
             self._complete(batch.rows[k])
         if finished:
+            self._trim_busy()
             keep = [k for k in range(len(batch.rows)) if k not in set(finished)]
             if not keep:
                 self._batch = None
@@ -441,6 +446,15 @@ class Engine:
         )
         batch.logits = out.logits[:, -1, :].float()
         self.stats["step_s"] += time.perf_counter() - started
+
+    def _trim_busy(self) -> None:
+        now = time.monotonic()
+        if self.trim_every_s is None or now - self._trimmed < self.trim_every_s:
+            return
+        return_freed_memory()
+        self._trimmed = time.monotonic()
+        self.stats["trims"] += 1
+        self.stats["trim_s"] += self._trimmed - now
 
     def _matcher(self, request: _Request) -> Any:
         return None if request.grammar is None else self.grammars.matcher(request.grammar)
