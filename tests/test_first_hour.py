@@ -40,7 +40,7 @@ def test_every_option_has_help_and_the_knobs_show_their_defaults(command, capsys
         "autorl": ["(default 4)", "--threads", "--tracker"],
         "eval": ["attempts per scenario and model (default 1)", "(default 8)", "(default 0)"],
         "serve": ["(default 8000)", "(default 32)", "(default 127.0.0.1)"],
-        "scenarios": ["(default 24)", "(default 0.25)"],
+        "scenarios": ["(default 3 per tool a task may call, 24 to 96)", "(default 0.25)"],
     }[command]  # fmt: skip
     for piece in expected:
         assert piece in text, piece

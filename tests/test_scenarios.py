@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mcprl.errors import ScenarioFileError, ScenarioGenerationError
-from mcprl.mcp import inspect_server, open_session
+from mcprl.mcp import ToolInfo, inspect_server, open_session
 from mcprl.scenarios import (
     SCENARIOS_SCHEMA,
     Deduper,
@@ -19,6 +19,7 @@ from mcprl.scenarios import (
     ScenarioSet,
     generate_scenarios,
     grounded_scenarios,
+    scenario_count,
 )
 from tests.helpers import EXAMPLES, LocalChatServer, ScriptedJudge, chat_completion, load_example
 
@@ -359,3 +360,20 @@ async def test_an_llm_rewords_grounded_tasks_and_the_answers_stay_verified():
             assert after.task.startswith("I have ") and "reworded" in after.tags
     system = fn.requests[0]["messages"][0]["content"]
     assert "Never mention tool names" in system
+
+
+def test_a_server_with_many_tools_gets_three_tasks_a_tool_it_may_call():
+    """At a flat 24, a 16-tool unit converter got 1-3 tasks a tool and learned kinds it had
+    seen once far less (L136 against L140): the default count follows the tools a task may
+    call, two to train on and one held out each, within 24-96."""
+
+    def tools(names):
+        return [ToolInfo(name=n, input_schema={"type": "object"}) for n in names]
+
+    converters = tools(f"convert_{k}" for k in range(16))
+    assert scenario_count(converters) == 48
+    assert scenario_count(tools(["get_time", "convert_time"])) == 24  # never fewer
+    assert scenario_count(tools(f"get_{k}" for k in range(50))) == 96  # nor more
+    writers = tools(f"delete_{k}" for k in range(12))
+    assert scenario_count(converters[:8] + writers) == 24  # writers are not called ...
+    assert scenario_count(converters[:8] + writers, allow_writes=True) == 60  # ... unless allowed

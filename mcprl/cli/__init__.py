@@ -1,7 +1,7 @@
 """The `mcprl` command line: argument parsing and display only; every command calls the library.
 
 mcprl tools SERVER [--json]
-mcprl scenarios SERVER -n 24 -o FILE [--generator MODEL] [--grounded] [--seed N]
+mcprl scenarios SERVER [-n N] -o FILE [--generator MODEL] [--grounded] [--seed N]
 mcprl train SERVER [--scenarios FILE] [--steps N] ...      (see `mcprl train -h`)
 mcprl eval SERVER --model NAME[@STEP] --model ... [--scenarios FILE]
 mcprl report PROJECT/MODEL

@@ -17,7 +17,13 @@ from mcprl.cli._display import print_server, say, terminal_width
 from mcprl.cli._machine import quiet_libraries, set_threads
 from mcprl.errors import UsageError
 from mcprl.mcp import inspect_server
-from mcprl.scenarios import ScenarioSet, generate_scenarios, grounded_with_notes, reword_tasks
+from mcprl.scenarios import (
+    ScenarioSet,
+    generate_scenarios,
+    grounded_with_notes,
+    reword_tasks,
+    scenario_count,
+)
 
 
 def cmd_login(args: argparse.Namespace) -> int:
@@ -68,6 +74,8 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
     async def run() -> ScenarioSet:
         info = await inspect_server(args.server, startup_timeout=args.timeout)
+        if args.n is None:
+            args.n = scenario_count(info.tools, args.allow_writes)
         if generator is None or args.grounded:
             built = await grounded_with_notes(
                 args.server, args.n, seed=args.seed, info=info, allow_writes=args.allow_writes,

@@ -12,8 +12,10 @@ from mcprl.cli._eval import cmd_eval, cmd_report
 from mcprl.cli._machine import DTYPES, add_backend_flags, add_device_flags
 from mcprl.cli._options import FLAG_OF, QUICK, ROLLOUT, RUN, add_settings
 from mcprl.cli._train import cmd_autorl, cmd_train
+from mcprl.scenarios._source import MAX_SCENARIOS, MIN_SCENARIOS, PER_TOOL
 from mcprl.train import RunConfig
 
+N_HELP = f"{PER_TOOL} per tool a task may call, {MIN_SCENARIOS} to {MAX_SCENARIOS}"
 SERVER_HELP = (
     "an MCP server: an http(s):// URL (a path ending in /sse means SSE), a command line run "
     "over stdio, an mcpServers config file (file.json or file.json#name), or example:NAME "
@@ -128,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scenarios", help="write practice tasks for a server's tools")
     s.add_argument("server", help=SERVER_HELP)
     _add_server_auth(s)
-    s.add_argument("-n", type=int, default=24, help="how many scenarios (default 24)")
+    s.add_argument("-n", type=int, help=f"how many scenarios (default {N_HELP})")
     s.add_argument("-o", "--output", required=True, help="JSONL file to write")
     s.add_argument(
         "--generator",
@@ -208,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSONL scenario file (default: the run's, the curated "
         "set of an example server, or generated)",
     )
-    tr.add_argument("-n", type=int, default=24, help="scenarios to generate (default 24)")
+    tr.add_argument("-n", type=int, help=f"scenarios to generate (default {N_HELP})")
     tr.add_argument("--generator", help="LiteLLM model that writes scenarios")
     _add_run_options(tr)
     tr.set_defaults(func=cmd_train)

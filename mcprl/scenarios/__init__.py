@@ -17,7 +17,12 @@ from mcprl.scenarios._dedupe import Deduper, normalize
 from mcprl.scenarios._grounded import GenerationReport, build_grounded, grounded_scenarios
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
 from mcprl.scenarios._reword import reword_tasks
-from mcprl.scenarios._source import grounded_with_notes, hidden_writers, scenarios_for
+from mcprl.scenarios._source import (
+    grounded_with_notes,
+    hidden_writers,
+    scenario_count,
+    scenarios_for,
+)
 from mcprl.scenarios._types import (
     AnswerType,
     Reference,
@@ -49,6 +54,7 @@ __all__ = [
     "normalize",
     "question_kind",
     "reword_tasks",
+    "scenario_count",
     "scenarios_for",
     "written_precision",
 ]
