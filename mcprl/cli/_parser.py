@@ -12,7 +12,7 @@ from mcprl.cli._eval import cmd_eval, cmd_report
 from mcprl.cli._machine import DTYPES, add_backend_flags, add_device_flags
 from mcprl.cli._options import FLAG_OF, QUICK, ROLLOUT, RUN, add_settings
 from mcprl.cli._train import cmd_autorl, cmd_train
-from mcprl.scenarios._source import MAX_SCENARIOS, MIN_SCENARIOS, PER_TOOL
+from mcprl.scenarios import MAX_SCENARIOS, MIN_SCENARIOS, PER_TOOL
 from mcprl.train import RunConfig
 
 N_HELP = f"{PER_TOOL} per tool a task may call, {MIN_SCENARIOS} to {MAX_SCENARIOS}"

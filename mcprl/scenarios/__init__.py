@@ -18,6 +18,9 @@ from mcprl.scenarios._grounded import GenerationReport, build_grounded, grounded
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
 from mcprl.scenarios._reword import reword_tasks
 from mcprl.scenarios._source import (
+    MAX_SCENARIOS,
+    MIN_SCENARIOS,
+    PER_TOOL,
     grounded_with_notes,
     hidden_writers,
     scenario_count,
@@ -35,6 +38,9 @@ from mcprl.scenarios._types import (
 )
 
 __all__ = [
+    "MAX_SCENARIOS",
+    "MIN_SCENARIOS",
+    "PER_TOOL",
     "SCENARIOS_SCHEMA",
     "AnswerType",
     "Deduper",
