@@ -363,9 +363,9 @@ async def test_an_llm_rewords_grounded_tasks_and_the_answers_stay_verified():
 
 
 def test_a_server_with_many_tools_gets_three_tasks_a_tool_it_may_call():
-    """At a flat 24, a 16-tool unit converter got 1-3 tasks a tool and learned kinds it had
-    seen once far less (L136 against L140): the default count follows the tools a task may
-    call, two to train on and one held out each, within 24-96."""
+    """At a flat 24, a 16-tool unit converter got a task or none for most tools and a val set
+    of 6: the default count follows the tools a task may call, two to train on and one held
+    out each, within 24-96."""
 
     def tools(names):
         return [ToolInfo(name=n, input_schema={"type": "object"}) for n in names]
