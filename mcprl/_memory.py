@@ -7,10 +7,10 @@ heaps, while the same rollouts replayed in a process of their own peaked at 4.4 
 returns the free pages of every arena: the trainer trims after a step, the engine when idle and,
 busy, every 2 s as rows finish (a catalog step's peak 10.1 -> 8.3 GB, a calculator step's 4.0
 -> 3.5 GB, 30-90 ms a trim). Where memory is short, two settings also keep the memory from
-piling up between trims (`bound_allocator`): few arenas, and blocks
-of 4 MB or more mapped on their own, so that freeing one unmaps it (glibc otherwise raises
-that threshold to the largest block freed, up to 32 MB, and keeps every such block after the
-first in an arena). No-ops without glibc.
+piling up between trims (`bound_allocator`): few arenas, and blocks of 4 MB or more mapped on
+their own, so that freeing one unmaps it (glibc otherwise raises that threshold to the largest
+block freed, up to 32 MB, and keeps every such block after the first in an arena). No-ops
+without glibc.
 """
 
 from __future__ import annotations

@@ -35,8 +35,7 @@ def scenario_count(tools: Iterable[Any], allow_writes: bool = False) -> int:
     48 every tool is practised and val holds 12 (+29.2 and +30.6 on seeds 0 and 1). On tasks
     neither count trained on, the two teach the same (RESULTS.md, L140-L141)."""
     tools = list(tools)
-    writers = {id(t) for t in writing_tools(tools)} if not allow_writes else set()
-    callable_ = sum(id(t) not in writers for t in tools)
+    callable_ = len(tools) - (0 if allow_writes else len(writing_tools(tools)))
     return min(MAX_SCENARIOS, max(MIN_SCENARIOS, PER_TOOL * callable_))
 
 
