@@ -156,6 +156,25 @@ def test_adapters_load_only_from_allowed_directories(guarded, policy_server, tmp
     assert r.status_code == 403
 
 
+def test_a_directory_allowed_later_is_allowed_where_it_really_lies(guarded, tmp_path):
+    real = tmp_path / "moved-run"
+    real.mkdir()
+    (real / "adapter_config.json").write_text("{}")
+    link = guarded.allowed / "linked-run"  # under the allowed directory, but points outside
+    link.symlink_to(real, target_is_directory=True)
+    body = {"lora_name": "moved", "lora_path": str(link)}
+    r = _post(guarded, "/load_lora_adapter", body)
+    assert r.status_code == 403 and "--allow-adapter-dir" in r.json()["error"]["message"]
+    guarded.allow_adapter_dir(link)  # what the local backend does for a run it was named
+    r = _post(guarded, "/load_lora_adapter", body)
+    assert r.status_code == 400 and "could not load the adapter" in r.json()["error"]["message"]
+    sibling = tmp_path / "other"
+    sibling.mkdir()
+    (sibling / "adapter_config.json").write_text("{}")
+    r = _post(guarded, "/load_lora_adapter", {"lora_name": "o", "lora_path": str(sibling)})
+    assert r.status_code == 403  # only that directory, not its neighbours
+
+
 def test_a_server_with_no_adapter_directory_loads_none(policy_server, tmp_path):
     from mcprl.serving import start_server
 

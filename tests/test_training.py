@@ -564,6 +564,11 @@ async def test_local_backend_trains_checkpoints_serves_and_resumes(tmp_path):
     from mcprl import TrainableModel
     from mcprl.backends import LocalBackend
 
+    # the run directory is a symlink to elsewhere (a run moved to a bigger disk): its
+    # checkpoints load all the same, though they lie outside the backend's `path`
+    (tmp_path / "runs" / "p").mkdir(parents=True)
+    (tmp_path / "runs" / "p" / "agent").symlink_to(tmp_path / "moved", target_is_directory=True)
+    (tmp_path / "moved").mkdir()
     with LocalBackend(tmp_path / "runs") as backend:
         model = await TrainableModel(name="agent", project="p").register(backend)
         assert await model.get_step() == 0 and model.served_name == "agent@0"

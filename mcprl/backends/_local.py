@@ -303,6 +303,9 @@ class LocalBackend(StoredRuns):
         await anyio.to_thread.run_sync(adapter_request, server.base_url, server.api_key, what, body)
 
     async def _load(self, name: str, path: Path) -> None:
+        allow = getattr(self._server, "allow_adapter_dir", None)
+        if allow is not None:  # in-process: a checkpoint of a run this backend was named, which
+            allow(path)  # may lie outside `self.path` when the run directory is a symlink
         # absolute: another process (a vLLM server) reads it
         await self._adapter_call("load", {"lora_name": name, "lora_path": str(path.resolve())})
 

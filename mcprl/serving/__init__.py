@@ -124,6 +124,10 @@ class LocalServer:
     def base_url(self) -> str:
         return self.handle.base_url
 
+    def allow_adapter_dir(self, path: str | Path) -> None:
+        """Let the server load adapters from `path` too (see `ServerHandle.allow_adapter_dir`)."""
+        self.handle.allow_adapter_dir(path)
+
     def paused(self) -> Any:
         """A context in which the engine decodes nothing (a training step holds the model)."""
         return self.engine.paused()

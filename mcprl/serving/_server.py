@@ -336,7 +336,7 @@ def build_app(
 
         return endpoint
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
             Route("/v1/models", guarded(models), methods=["GET"]),
@@ -346,6 +346,8 @@ def build_app(
             *(Route(path, guarded(handler), methods=methods) for path, handler, methods in routes),
         ]
     )
+    app.state.adapter_roots = roots  # live: `ServerHandle.allow_adapter_dir` adds to it
+    return app
 
 
 def check_bind(host: str, api_key: str | None) -> None:
@@ -363,9 +365,19 @@ def check_bind(host: str, api_key: str | None) -> None:
 class ServerHandle:
     """A server running in a background thread; `stop()` shuts it down."""
 
-    def __init__(self, server: Any, thread: threading.Thread, host: str, port: int):
-        self._server, self._thread = server, thread
+    def __init__(
+        self, server: Any, thread: threading.Thread, host: str, port: int, app: Any = None
+    ):
+        self._server, self._thread, self._app = server, thread, app
         self.host, self.port = host, port
+
+    def allow_adapter_dir(self, path: str | Path) -> None:
+        """Let `/v1/load_lora_adapter` load from `path` (resolved, so a run directory that is a
+        symlink to elsewhere is allowed where it really lies) from now on."""
+        roots = self._app.state.adapter_roots
+        real = Path(path).expanduser().resolve()
+        if real not in roots:
+            roots.append(real)
 
     @property
     def base_url(self) -> str:
@@ -417,7 +429,7 @@ def start_server(
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError(f"the server did not start on {host}:{port}")
         time.sleep(0.02)
-    return ServerHandle(server, thread, host, port)
+    return ServerHandle(server, thread, host, port, app)
 
 
 def adapter_request(base_url: str, api_key: str, what: str, body: dict[str, str]) -> None:
