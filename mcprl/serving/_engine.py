@@ -288,7 +288,7 @@ class Engine:
                 try:  # idle: after a second with nothing to do, hand freed memory back
                     item = self._queue.get(timeout=self.trim_after_s if self._worked else None)
                 except queue.Empty:
-                    return_freed_memory()
+                    self._trim()
                     self._worked = False
                     continue
                 self._worked = True
@@ -448,13 +448,16 @@ class Engine:
         self.stats["step_s"] += time.perf_counter() - started
 
     def _trim_busy(self) -> None:
-        now = time.monotonic()
-        if self.trim_every_s is None or now - self._trimmed < self.trim_every_s:
-            return
+        if self.trim_every_s is not None and time.monotonic() - self._trimmed >= self.trim_every_s:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Hand freed memory back to the OS; idle and busy trims share one clock and count."""
+        started = time.monotonic()
         return_freed_memory()
         self._trimmed = time.monotonic()
         self.stats["trims"] += 1
-        self.stats["trim_s"] += self._trimmed - now
+        self.stats["trim_s"] += self._trimmed - started
 
     def _matcher(self, request: _Request) -> Any:
         return None if request.grammar is None else self.grammars.matcher(request.grammar)
