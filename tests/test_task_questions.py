@@ -304,33 +304,6 @@ def test_a_computation_reads_as_the_question_its_description_implies():
     assert (question.text, question.answer) == ("What is the sum of 31 and 25?", "56")
 
 
-def test_a_conversion_reads_as_one_not_as_its_argument_names():
-    """unit-converter-mcp's tasks read "For value 31, from unit "square meter" and to unit
-    "square inch", what is the converted value?": no user writes that."""
-    from mcprl.scenarios._grounded import _single, _Step
-
-    def asked(name, arguments, result):
-        tool = ToolInfo(name=name, description="Convert.", input_schema={"type": "object"})
-        return [q.text for q in _single(_Step(tool, arguments, json.dumps(result)),
-                                        random.Random(0), None)]  # fmt: skip
-
-    area = {"original_value": 31, "converted_value": 48050.1, "converted_unit": "square inch"}
-    units = {"value": 31, "from_unit": "square meter", "to_unit": "square inch"}
-    assert asked("convert_area", units, area) == [
-        'What is 31 converted from "square meter" to "square inch"?'
-    ]
-    zones = {"source_timezone": "Asia/Tokyo", "time": "13:15", "target_timezone": "Europe/London"}
-    assert asked("convert_time", zones, {"time_difference": "-9.0h"}) == [
-        'When "13:15" is converted from "Asia/Tokyo" to "Europe/London", what is the time '
-        "difference?"
-    ]
-    # not a conversion: two ends of a range, or no value between them
-    trip = {"from_city": "Oslo", "to_date": "2025-01-02", "passengers": 2}
-    assert asked("find_trips", trip, {"cheapest_fare": 120.5}) == [
-        'For from city "Oslo", to date "2025-01-02" and passengers 2, what is the cheapest fare?'
-    ]
-
-
 def test_a_tally_of_values_is_not_asked_as_fields():
     tally = {"genres": {"adventure": 9, "fantasy": 4, "mystery": 7, "romance": 3}}
     texts = [q.text for q in records_questions(tally, noun=None, whole=True, rng=random.Random(0))]

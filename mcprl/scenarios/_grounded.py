@@ -335,47 +335,6 @@ def _with_scope(question: str, scope: list[str]) -> str:
     return f"For {_listed(scope)}, {_lower_first(question)}"
 
 
-_FROM_WORDS = {"from", "source", "src", "input"}
-_TO_WORDS = {"to", "target", "dest", "destination", "output", "into"}
-# a field that is the converted value itself: the question is then the conversion
-_RESULT_WORDS = {"converted", "result", "value", "amount", "output", "answer"}
-
-
-def _conversion(step: _Step) -> tuple[str, str, str] | None:
-    """The value, what it is in and what it becomes, in words, where a call converts one value
-    between two named things: value/from_unit/to_unit, amount/from_currency/to_currency,
-    time/source_timezone/target_timezone. None for any other call."""
-    args = {k: v for k, v in step.arguments.items() if not (step.link and k == step.link.param)}
-    if len(args) != 3:
-        return None
-
-    def side(words: set[str]) -> list[str]:
-        return [k for k in args if set(name_words(k)) & words and isinstance(args[k], str)]
-
-    froms, tos = side(_FROM_WORDS), side(_TO_WORDS)
-    if len(froms) != 1 or len(tos) != 1 or froms == tos:
-        return None
-    rest_from = [w for w in name_words(froms[0]) if w not in _FROM_WORDS]
-    rest_to = [w for w in name_words(tos[0]) if w not in _TO_WORDS]
-    (value,) = (k for k in args if k not in (froms[0], tos[0]))
-    if rest_from != rest_to or isinstance(args[value], (list, dict, bool)) or args[value] is None:
-        return None  # from_date/to_city, or a list to convert: not one value between two units
-    return _fmt(args[value]), _fmt(args[froms[0]]), _fmt(args[tos[0]])
-
-
-def _scoped(step: _Step, question: str) -> str:
-    """`question` with the call's arguments a user would state: 'What is 31 converted from
-    "square meter" to "square inch"?' for a conversion, else 'For a = 3, what is ...?'."""
-    converted = _conversion(step)
-    if converted is None:
-        return _with_scope(question, _scope(step))
-    value, source, target = converted
-    asked = re.fullmatch(r"What is the ([a-z ]+)\?", question)
-    if asked and set(asked.group(1).split()) <= _RESULT_WORDS:
-        return f"What is {value} converted from {source} to {target}?"
-    return f"When {value} is converted from {source} to {target}, {_lower_first(question)}"
-
-
 def _arg_values(steps: list[_Step]) -> list[Any]:
     out: list[Any] = []
     for s in steps:
@@ -456,7 +415,8 @@ def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Questio
         if answer_problem(short.answer, short.text, args) is None:
             return [short]  # "04:30": a short text that answers the call
     found = records_questions(data, noun=_noun(step, prefix), whole=_whole(step, data), rng=rng)
-    out = [replace(q, text=_scoped(step, q.text), answer=rounded(q.answer)) for q in found]
+    scope = _scope(step)
+    out = [replace(q, text=_with_scope(q.text, scope), answer=rounded(q.answer)) for q in found]
     if _dated(step.result_text):  # a clock: what follows from today's date changes tomorrow
         out = [q for q in out if q.answer.lower() not in _DATE_DEPENDENT]
     fields = [q for q in out if q.kind == "field"]
@@ -488,7 +448,7 @@ def _chain_lookup(steps: list[_Step], rng: random.Random) -> list[Question]:
             continue
         text = ask_field(f, v, f'the {noun} "{name}"')
         answer = number_answer(v) if is_number(v) else str(v)
-        out.append(Question("chain", _scoped(steps[0], text), answer))
+        out.append(Question("chain", _with_scope(text, _scope(steps[0])), answer))
     return [q for q in out if answer_problem(q.answer, q.text, _arg_values(steps)) is None]
 
 
