@@ -79,9 +79,11 @@ def test_the_rollouts_example_writes_scored_groups(tmp_path):
 
 @pytest.mark.slow
 def test_the_ruler_example_scores_a_group_with_a_judge(policy_server):
-    # `--api-key=KEY`: a random key may start with "-", which argparse would take for a flag
+    # `--api-key=KEY`: a random key may start with "-", which argparse would take for a flag.
+    # Greedy and brief, as training judges with the tiny model: sampled, its JSON failed CI once.
     out = _run("ruler_score.py", "--judge", "openai/smollm2-135m", "--api-base",
-               policy_server.base_url, f"--api-key={policy_server.api_key}")  # fmt: skip
+               policy_server.base_url, f"--api-key={policy_server.api_key}",
+               "--temperature", "0", "--explanation-max-chars", "160")  # fmt: skip
     scores = [line.split() for line in out.splitlines()[:2]]
     assert len(scores) == 2 and all(0.0 <= float(s[1]) <= 1.0 for s in scores)
     assert re.search(r"prompt_tokens=[1-9]\d* .*judge_calls=[1-3] cached=False", out)

@@ -365,9 +365,7 @@ def check_bind(host: str, api_key: str | None) -> None:
 class ServerHandle:
     """A server running in a background thread; `stop()` shuts it down."""
 
-    def __init__(
-        self, server: Any, thread: threading.Thread, host: str, port: int, app: Any = None
-    ):
+    def __init__(self, server: Any, thread: threading.Thread, host: str, port: int, app: Any):
         self._server, self._thread, self._app = server, thread, app
         self.host, self.port = host, port
 
