@@ -124,6 +124,41 @@ def test_rows_leave_when_done_and_the_batch_goes_on(engine):
     assert all(f.result()[0].finish_reason == "length" for f in futures)
 
 
+def test_a_long_prompt_waits_for_room_instead_of_padding_every_row_to_its_length(
+    engine, monkeypatch
+):
+    """Rows are padded to the longest: a long prompt joining short rows would make each hold its
+    length. Over `max_batch_kv_bytes` it waits until rows leave, and those behind it wait too;
+    every request still gets the tokens it gets alone."""
+    short_prompt = _prompt(engine, "Say hello.")
+    long_prompt = _prompt(engine, "Repeat after me: " + "the quick brown fox jumps. " * 30)
+    short = SamplingParams(max_tokens=24, seed=5, ignore_eos=True)
+    long = SamplingParams(max_tokens=6, seed=7, ignore_eos=True)
+    alone_short = engine.generate_blocking(short_prompt, short)[0].token_ids
+    alone_long = engine.generate_blocking(long_prompt, long)[0].token_ids
+    per_token = engine.kv_bytes_per_token
+    budget = 4 * (len(short_prompt) + 40) * per_token  # four short rows fit, not a long one
+    assert 2 * len(long_prompt) * per_token > budget
+    monkeypatch.setattr(engine, "max_batch_kv_bytes", budget)
+    held = []  # per step: (rows, bytes of keys and values with padding)
+    step = engine._step
+
+    def watched():
+        batch = engine._batch
+        held.append((len(batch.rows), len(batch.rows) * batch.mask.shape[1] * per_token))
+        step()
+
+    monkeypatch.setattr(engine, "_step", watched)
+    waits = engine.stats["kv_waits"]
+    first = [engine.submit(short_prompt, short) for _ in range(3)]
+    _wait_for_steps(engine, 3)
+    behind = [engine.submit(long_prompt, long), engine.submit(short_prompt, short)]
+    results = [f.result(timeout=120)[0].token_ids for f in first + behind]
+    assert results == [alone_short] * 3 + [alone_long, alone_short]
+    assert engine.stats["kv_waits"] > waits
+    assert all(size <= budget for rows, size in held if rows > 1)
+
+
 def test_an_idle_engine_hands_freed_memory_back_once(engine, monkeypatch):
     """glibc keeps freed memory in its arenas (a git training process held 6.5 GB there):
     a second after its last work, the engine trims them, once, and not while it works."""

@@ -228,6 +228,48 @@ def test_a_conversations_next_turn_starts_from_its_kept_reply(fp32_model):
             assert max(drift) < 1e-3
 
 
+def test_kept_replies_of_a_bfloat16_model_take_half_the_memory_and_decode_the_same():
+    """Kept replies are stored in the model's dtype, not the CPU cache's float32: the keys and
+    values were computed in bfloat16, so the next turns decode bit for bit as they did when the
+    replies were kept widened, from half the memory."""
+    import time
+
+    from mcprl.serving import Engine, load_model
+    from mcprl.serving._engine import SamplingParams
+
+    loaded = load_model("smollm2-135m", dtype="bfloat16")
+    tok = loaded.tokenizer
+    head = tok.encode("System: you are a careful assistant who answers briefly. " * 10)
+
+    def run(kept_dtype):
+        engine = Engine(loaded)
+        engine.kept_dtype = kept_dtype
+        prompts = [head + tok.encode(f"User: the number {n}; say one true thing.") for n in (7, 31)]
+        turns, sizes = [], []
+        try:
+            for turn in range(3):
+                params = [SamplingParams(temperature=0.0, max_tokens=6 + 2 * i) for i in range(2)]
+                futures = [engine.submit(p, s) for p, s in zip(prompts, params, strict=True)]
+                turns.append([f.result(timeout=120)[0] for f in futures])
+                sizes.append(sum(k.nbytes for e in engine.conversations.entries.values()
+                                 for k, _ in e.own))  # fmt: skip
+                prompts = [
+                    p + r.token_ids + tok.encode(f"\nTool: result {turn}.\nAssistant:")
+                    for p, r in zip(prompts, turns[-1], strict=True)
+                ]
+            assert engine.conversations.stats["continued"] == 4
+            return turns, sizes
+        finally:
+            engine.close()
+
+    narrow, narrow_sizes = run(torch.bfloat16)
+    wide, wide_sizes = run(torch.float32)
+    for a_turn, b_turn in zip(narrow, wide, strict=True):
+        for a, b in zip(a_turn, b_turn, strict=True):
+            assert a.token_ids == b.token_ids and a.model_logprobs == b.model_logprobs
+    assert narrow_sizes == [n // 2 for n in wide_sizes] and narrow_sizes[0] > 0
+
+
 def test_kept_replies_stay_within_their_memory_budget():
     from mcprl.serving._prefix import Continuation, ConversationCache
 

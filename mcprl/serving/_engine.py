@@ -129,6 +129,7 @@ class Engine:
         shared_attention: bool = True,
         conversation_cache: bool = True,
         canonical: bool = False,
+        max_batch_kv_bytes: int | str | None = "auto",
     ):
         bound_allocator()  # freed caches go back to the OS within a phase too (`_memory`)
         self.loaded = loaded
@@ -158,6 +159,18 @@ class Engine:
         self.device = next(self.model.parameters()).device
         # the KV cache's dtype: on CPU float32, which its matrix products read in place (_kv)
         self.kv_dtype = torch.float32 if self.device.type == "cpu" else None
+        # kept replies (`ConversationCache`) are stored in the model's own dtype: the keys and
+        # values were computed in it, so narrowing them back is exact, and bfloat16 halves them
+        self.kept_dtype = next(self.model.parameters()).dtype
+        # bytes of keys and values one cached position of one row takes (None: unknown)
+        self.kv_bytes_per_token = _kv_bytes_per_token(config, self.kv_dtype or self.kept_dtype)
+        # the most keys and values the running batch may hold, its rows' left padding included,
+        # before waiting requests stop joining it ("auto": 1 GiB on CPU, no bound elsewhere).
+        # Rows are padded to the longest: one prompt after a long tool result can make every
+        # row of a batch hold its length, most of it padding (RESULTS, "Memory of a batch").
+        if max_batch_kv_bytes == "auto":
+            max_batch_kv_bytes = 1 << 30 if self.device.type == "cpu" else None
+        self.max_batch_kv_bytes = max_batch_kv_bytes
         if self.device.type == "cpu":  # see mcprl.serving._kv
             self.model.set_attn_implementation(CPU_ATTENTION)
         # rows keep a cached prompt head once for all of them, not a copy each (`_Prefix`);
@@ -168,9 +181,11 @@ class Engine:
         # shared_steps: steps whose rows read one copy of their common prompt head (`_Prefix`)
         self.stats = {"prefills": 0, "steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0,
                       "prefill_s": 0.0, "step_s": 0.0, "shared_steps": 0, "trims": 0,
-                      "trim_s": 0.0}  # fmt: skip
+                      "trim_s": 0.0, "kv_waits": 0}  # fmt: skip
         self.prefix_cache = PrefixCache() if prefix_cache else None
-        self.conversations = ConversationCache() if conversation_cache else None
+        # as many kept positions as 1 GiB of float32 holds, in the dtype they are kept in
+        kept_bytes = (1 << 30) * self.kept_dtype.itemsize // 4
+        self.conversations = ConversationCache(kept_bytes) if conversation_cache else None
         # on CPU, threads follow the cores other processes leave free (mcprl.serving._threads)
         self.governor = ThreadGovernor.for_device(self.device.type)
         # idle this long after work, the engine returns freed memory to the OS (`_memory`)
@@ -363,20 +378,35 @@ class Engine:
 
         Requests are admitted in arrival order. One for another model (base or adapter) than the
         running batch's waits until that batch drains, and those behind it wait too: no request
-        is overtaken for long, whatever the others ask for.
+        is overtaken for long, whatever the others ask for. So does one that would take the
+        batch over `max_batch_size` rows or `max_batch_kv_bytes` of keys and values.
         """
         if not self._pending:
             return
-        running = self._batch.rows if self._batch is not None else []
-        adapter = self._batch.adapter if self._batch is not None else self._pending[0].adapter
+        batch = self._batch
+        running = batch.rows if batch is not None else []
+        adapter = batch.adapter if batch is not None else self._pending[0].adapter
         joining: list[_Request] = []
         rows = len(running)
+        # the batch's width and shared head as requests join (a new batch: the rows share what
+        # they all start with, an estimate of what the prefix cache will find)
+        width = batch.mask.shape[1] if batch is not None else 0
+        if batch is None:
+            head = tuple(self._pending[0].prompt_ids)
+        else:
+            head = batch.prefix.ids if batch.prefix is not None else ()
+        # `stats["kv_waits"]`: steps at which a waiting request did not fit
         while self._pending:
             request = self._pending[0]
             if request.adapter != adapter:
                 break
             if rows + request.params.n > self.max_batch_size and (rows or joining):
                 break
+            wider, shared = _joined_width(width, request.prompt_ids, head)
+            if (rows or joining) and self._over_kv_budget(rows + request.params.n, wider):
+                self.stats["kv_waits"] += 1
+                break
+            width, head = wider, head[:shared]
             self._pending.popleft()
             if adapter is not None and adapter not in self.adapters:
                 request.future.set_exception(KeyError(f"the adapter {adapter!r} was unloaded"))
@@ -413,6 +443,13 @@ class Engine:
                 joined = self._prefill(self.model, new_rows, adapter)
             self.stats["prefill_s"] += time.perf_counter() - started
             self._batch = joined if self._batch is None else self._batch.merge(joined)
+
+    def _over_kv_budget(self, rows: int, width: int) -> bool:
+        """Whether `rows` rows of `width` positions would hold more keys and values than
+        `max_batch_kv_bytes`."""
+        if self.max_batch_kv_bytes is None or self.kv_bytes_per_token is None:
+            return False
+        return rows * width * self.kv_bytes_per_token > self.max_batch_kv_bytes
 
     def _step(self) -> None:
         """Sample one token for every row, retire finished rows, run the model once."""
@@ -505,7 +542,10 @@ class Engine:
             if c.head is not None and c.head_length > common:
                 own.append(
                     [
-                        (torch.cat([hk[:, :, common:], k], 2), torch.cat([hv[:, :, common:], v], 2))
+                        (
+                            torch.cat([hk[:, :, common:], k.to(hk.dtype)], 2),
+                            torch.cat([hv[:, :, common:], v.to(hv.dtype)], 2),
+                        )
                         for (hk, hv), (k, v) in zip(c.head.kv, c.own, strict=True)
                     ]
                 )
@@ -516,7 +556,8 @@ class Engine:
         cache = GrowingCache(self.kv_dtype)
         for i in range(len(own[0])):
             like = own[0][i][0]
-            keys = like.new_zeros(len(rows), like.shape[1], width, like.shape[3])
+            dtype = self.kv_dtype or like.dtype
+            keys = like.new_zeros(len(rows), like.shape[1], width, like.shape[3], dtype=dtype)
             values = keys.clone()
             for r, kv in enumerate(own):
                 keys[r, :, width - kept[r] :] = kv[i][0][0]
@@ -709,8 +750,8 @@ class Engine:
             return
         own = [
             (
-                layer.keys[k : k + 1].index_select(2, columns),
-                layer.values[k : k + 1].index_select(2, columns),
+                layer.keys[k : k + 1].index_select(2, columns).to(self.kept_dtype),
+                layer.values[k : k + 1].index_select(2, columns).to(self.kept_dtype),
             )
             for layer in batch.cache.layers
         ]
@@ -846,6 +887,31 @@ class _Batch:
                 setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.rows = self.rows + other.rows
         return self
+
+
+def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
+    """Bytes of keys and values per cached position of one row, from a decoder's config."""
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None)
+    if not dim and heads:
+        dim = getattr(config, "hidden_size", 0) // heads
+    if not (layers and kv_heads and dim):
+        return None
+    return int(layers) * 2 * int(kv_heads) * int(dim) * dtype.itemsize
+
+
+def _joined_width(width: int, prompt: list[int], head: tuple[int, ...]) -> tuple[int, int]:
+    """(positions per row, length of the head still shared) of a batch `width` wide, whose
+    rows share `head` (kept once, not per row), once `prompt` joins it: the rows are padded to
+    the longest, and the part of `head` the prompt does not start with moves into every row."""
+    shared = 0
+    for a, b in zip(prompt, head, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return max(width + len(head) - shared, len(prompt) - shared), shared
 
 
 def _pad_right(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -1,0 +1,126 @@
+"""A training run's memory and time, per bound on the engine's batch (`max_batch_kv_bytes`).
+
+    python benchmarks/run_memory.py --budgets-mb 0 1024 512 --out results/run-memory.json \\
+        -- train example:catalog --steps 1 --eval-every 0 --no-report
+
+Each budget runs the `mcprl` command after `--` in a process of its own (0: no bound, as before
+the bound existed), with a thread that samples every 0.5 s the process's RSS and the engine's
+running batch: its rows, its width (positions per row, padding included), the share of those
+positions that are not padding, and the bytes its keys and values take. Reported per budget:
+peak RSS, wall time, the console's lines on rollouts and evaluations, and the batch figures.
+`--path` is set to a fresh temporary folder per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rss_gb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1e6
+    return float("nan")
+
+
+def child(budget_mb: int, log: str, argv: list[str]) -> int:
+    sys.path.insert(0, str(ROOT))
+    from mcprl.cli import main
+    from mcprl.serving import _engine
+
+    engines = []
+    init = _engine.Engine.__init__
+
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.max_batch_kv_bytes = budget_mb << 20 if budget_mb else None
+        engines.append(self)
+
+    _engine.Engine.__init__ = patched
+
+    def sample() -> None:
+        with open(log, "w") as out:
+            while True:
+                time.sleep(0.5)
+                row = {"rss_gb": _rss_gb()}
+                for engine in engines:
+                    batch = engine._batch
+                    try:
+                        mask = batch.mask
+                        row.update(
+                            rows=len(batch.rows),
+                            width=mask.shape[1],
+                            used=float(mask.float().mean()),
+                            kv_gb=mask.numel() * (engine.kv_bytes_per_token or 0) / 1e9,
+                        )
+                    except AttributeError:  # no batch running
+                        pass
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+
+    threading.Thread(target=sample, daemon=True).start()
+    sys.argv = ["mcprl", *argv]
+    return main()
+
+
+def run(budget_mb: int, argv: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "samples.jsonl")
+        command = [sys.executable, __file__, "--child", str(budget_mb), log, "--", *argv,
+                   "--path", os.path.join(tmp, "run")]  # fmt: skip
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - started
+        if done.returncode:
+            raise SystemExit(f"budget {budget_mb} MB failed:\n{done.stderr[-3000:]}")
+        samples = [json.loads(line) for line in Path(log).read_text().splitlines()]
+    busy = [s for s in samples if "rows" in s]
+    lines = [ln for ln in done.stdout.splitlines() if " attempts in " in ln or "time:" in ln]
+    return {
+        "budget_mb": budget_mb or None,
+        "peak_rss_gb": round(max(s["rss_gb"] for s in samples), 2),
+        "wall_s": round(wall, 1),
+        "batch_peak_kv_gb": round(max((s["kv_gb"] for s in busy), default=0.0), 2),
+        "batch_mean_rows": round(sum(s["rows"] for s in busy) / max(len(busy), 1), 1),
+        "batch_mean_not_padding": round(sum(s["used"] for s in busy) / max(len(busy), 1), 3),
+        "console": lines,
+    }
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        budget, log, rest = int(sys.argv[2]), sys.argv[3], sys.argv[5:]
+        sys.exit(child(budget, log, rest))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budgets-mb", type=int, nargs="+", default=[0, 1024])
+    parser.add_argument("--out", help="write the results here as JSON")
+    parser.add_argument("argv", nargs="+", help="the mcprl command, after --")
+    args = parser.parse_args()
+    results = []
+    for budget in args.budgets_mb:
+        result = run(budget, args.argv)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    report = {
+        "command": ["mcprl", *args.argv],
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "runs": results,
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
