@@ -7,7 +7,9 @@ Each budget runs the `mcprl` command after `--` in a process of its own (0: no b
 the bound existed), with a thread that samples every 0.5 s the process's RSS and the engine's
 running batch: its rows, its width (positions per row, padding included), the share of those
 positions that are not padding, and the bytes its keys and values take. Reported per budget:
-peak RSS, wall time, the console's lines on rollouts and evaluations, and the batch figures.
+peak RSS (and at that moment, glibc's heap in use and freed but kept), wall time, the
+console's lines on rollouts and evaluations, and the batch figures. Environment variables
+(`MALLOC_ARENA_MAX`, ...) pass through to the runs.
 `--path` is set to a fresh temporary folder per run.
 """
 
@@ -34,6 +36,39 @@ def _rss_gb() -> float:
     return float("nan")
 
 
+def _heap_gb() -> dict[str, float]:
+    """glibc's view of the heap: in use, and freed but kept (not handed back to the OS)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
+
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return {
+        "heap_used_gb": (info.uordblks + info.hblkhd) / 1e9,
+        "heap_free_gb": info.fordblks / 1e9,
+    }
+
+
 def child(budget_mb: int, log: str, argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from mcprl.cli import main
@@ -53,7 +88,7 @@ def child(budget_mb: int, log: str, argv: list[str]) -> int:
         with open(log, "w") as out:
             while True:
                 time.sleep(0.5)
-                row = {"rss_gb": _rss_gb()}
+                row = {"rss_gb": _rss_gb(), **_heap_gb()}
                 for engine in engines:
                     batch = engine._batch
                     try:
@@ -86,10 +121,13 @@ def run(budget_mb: int, argv: list[str]) -> dict:
             raise SystemExit(f"budget {budget_mb} MB failed:\n{done.stderr[-3000:]}")
         samples = [json.loads(line) for line in Path(log).read_text().splitlines()]
     busy = [s for s in samples if "rows" in s]
-    lines = [ln for ln in done.stdout.splitlines() if " attempts in " in ln or "time:" in ln]
+    console = (done.stdout + done.stderr).replace("\r", "\n").splitlines()
+    lines = [ln for ln in console if " attempts in " in ln or "time:" in ln]
+    top = max(samples, key=lambda s: s["rss_gb"])
     return {
         "budget_mb": budget_mb or None,
-        "peak_rss_gb": round(max(s["rss_gb"] for s in samples), 2),
+        "peak_rss_gb": round(top["rss_gb"], 2),
+        "at_peak": {k: round(v, 2) for k, v in top.items()},
         "wall_s": round(wall, 1),
         "batch_peak_kv_gb": round(max((s["kv_gb"] for s in busy), default=0.0), 2),
         "batch_mean_rows": round(sum(s["rows"] for s in busy) / max(len(busy), 1), 1),
