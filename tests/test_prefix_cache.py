@@ -232,7 +232,6 @@ def test_kept_replies_of_a_bfloat16_model_take_half_the_memory_and_decode_the_sa
     """Kept replies are stored in the model's dtype, not the CPU cache's float32: the keys and
     values were computed in bfloat16, so the next turns decode bit for bit as they did when the
     replies were kept widened, from half the memory."""
-
     from mcprl.serving import Engine, load_model
     from mcprl.serving._engine import SamplingParams
 
