@@ -130,9 +130,15 @@ async def write_task_set(
         llm = LLMClient(generator, temperature=1.0)
     say(f"  writing {n} inputs and a system prompt with {llm.model} …")
     usage = Usage()
-    prompt = await _ask(
-        llm, usage, _PROMPT_SYSTEM.format(task=task), _PROMPT_SCHEMA, seed, max_tokens=300
-    )
+    system = _PROMPT_SYSTEM.format(task=task)
+    for ask in range(_PROMPT_ASKS):  # a small model's seeded draw can ramble past its budget
+        try:
+            prompt = await _ask(llm, usage, system, _PROMPT_SCHEMA, seed + _RESEED * ask, 300)
+            break
+        except _UnusableReply as exc:
+            if ask + 1 == _PROMPT_ASKS:
+                raise
+            logger.info("system prompt, ask %d: %s; asking again with another seed", ask + 1, exc)
     inputs = await _inputs(llm, usage, task, n, seed, batch_size, max_rounds)
     scenarios = ScenarioSet(
         Scenario(
@@ -146,13 +152,25 @@ async def write_task_set(
     return TaskSet(task, str(prompt["system_prompt"]).strip(), scenarios)
 
 
+# how often the system prompt is asked for, each time with another seed, before giving up;
+# the seeds of later asks lie far from those of the inputs' rounds (seed + 1 + round)
+_PROMPT_ASKS = 3
+_RESEED = 1000
+
+
+class _UnusableReply(ScenarioGenerationError):
+    """The generator answered, but not with the JSON asked for (cut off, or off the schema)."""
+
+
 async def _ask(
     llm: LLMClient, usage: Usage, system: str, schema: dict, seed: int, max_tokens: int
 ) -> dict:
     request = llm.request(
         [{"role": "system", "content": system}, {"role": "user", "content": "Go."}],
         seed=seed,
-        max_tokens=max_tokens,  # bounded by the schema's lengths: a cap, not a cut
+        # a cap for sensible text within the schema's lengths; a model that rambles in short
+        # tokens can still reach it before the JSON closes (the caller asks again)
+        max_tokens=max_tokens,
     )
     try:
         reply = await llm.complete(request, usage, schema=schema, schema_name="reply")
@@ -165,7 +183,7 @@ async def _ask(
         what=f"an object with {', '.join(keys)}",
     )
     if obj is None:
-        raise ScenarioGenerationError(f"the generator {llm.model} gave no usable reply: {problem}")
+        raise _UnusableReply(f"the generator {llm.model} gave no usable reply: {problem}")
     return obj
 
 

@@ -56,6 +56,28 @@ async def test_too_few_distinct_inputs_is_an_error_with_advice():
         await write_task_set(TASK, n=4, generator=llm, max_rounds=3)
 
 
+@pytest.mark.anyio
+async def test_a_system_prompt_cut_off_mid_ramble_is_asked_for_again_with_another_seed():
+    cut = '{"system_prompt": "Support our team, DEB 3A, DEB 3A, DEB 3A, DEB'  # hit max_tokens
+    script = ScriptedJudge(cut, _prompt(), _inputs("My parcel arrived two weeks late.",
+                           "I was charged twice for one order."))  # fmt: skip
+    llm = LLMClient("openai/writer", api_base="http://127.0.0.1:9/v1", completion_fn=script)
+    task_set = await write_task_set(TASK, n=2, generator=llm, seed=5, val_fraction=0.5)
+    assert task_set.system_prompt.startswith("Apologise politely")
+    seeds = [r["seed"] for r in script.requests[:2]]
+    assert seeds[0] == 5 and seeds[1] != 5
+
+
+@pytest.mark.anyio
+async def test_a_system_prompt_unusable_every_time_is_an_error_naming_the_generator():
+    cut = '{"system_prompt": "DEB 3A, DEB 3A'
+    script = ScriptedJudge(cut, cut, cut, _prompt())
+    llm = LLMClient("openai/writer", api_base="http://127.0.0.1:9/v1", completion_fn=script)
+    with pytest.raises(ScenarioGenerationError, match="openai/writer gave no usable reply"):
+        await write_task_set(TASK, n=2, generator=llm)
+    assert len(script.requests) == 3
+
+
 def test_the_rubric_carries_the_task():
     rubric = autorl_rubric(TASK)
     assert rubric.startswith(DEFAULT_RUBRIC.rstrip()[:40]) and TASK in rubric
