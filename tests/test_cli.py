@@ -234,3 +234,46 @@ def test_library_errors_name_settings_and_the_cli_names_their_flags():
     assert flags_for("see `mcprl scenarios --grounded` and `complete_task`") == (
         "see `mcprl scenarios --grounded` and `complete_task`"
     )
+
+
+def test_serve_bounds_the_batch_memory_it_is_told_and_refuses_a_size_it_cannot_read(
+    monkeypatch, capsys, tmp_path
+):
+    """`mcprl serve --max-batch-kv-mb` reaches the engine in bytes (0: no bound, default auto),
+    `serve --train` passes it to the server it starts, and a size that is not a number fails
+    before any model loads, naming the flag."""
+    import uvicorn
+
+    import mcprl.serving
+    from mcprl.backends import LocalBackend
+    from mcprl.cli._commands import cmd_serve
+    from mcprl.cli._parser import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).max_batch_kv_mb == "auto"
+    assert parser.parse_args(["serve", "--max-batch-kv-mb", "0"]).max_batch_kv_mb is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--max-batch-kv-mb", "lots"])
+    err = capsys.readouterr().err
+    assert "--max-batch-kv-mb" in err and "megabytes" in err
+
+    engines = []
+
+    class Engine:
+        def __init__(self, loaded, **kwargs):
+            engines.append(kwargs)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(mcprl.serving, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr(mcprl.serving, "Engine", Engine)
+    monkeypatch.setattr(mcprl.serving, "build_app", lambda *a, **k: None)
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **k: None)
+    assert cmd_serve(parser.parse_args(["serve", "--max-batch-kv-mb", "256"])) == 0
+    assert engines == [{"max_batch_size": 32, "max_batch_kv_bytes": 256 * 2**20}]
+
+    servers = []
+    monkeypatch.setattr(mcprl.serving, "LocalServer", lambda *a, **k: servers.append(k))
+    LocalBackend(tmp_path, device="cpu", max_batch_kv_bytes=None)._local_server("m", [])
+    assert servers[0]["max_batch_kv_bytes"] is None

@@ -75,6 +75,7 @@ class LocalBackend(StoredRuns):
         port: int = 0,
         api_key: str | None = None,
         max_batch_size: int = 32,
+        max_batch_kv_bytes: int | str | None = "auto",
         device: str | None = "auto",
         trainer: TrainerFactory | None = None,
         inference: ServerFactory | None = None,
@@ -89,6 +90,7 @@ class LocalBackend(StoredRuns):
         self.inference_dtype = pick_dtype(inference_dtype, self.device)
         self.train_dtype = pick_dtype(train_dtype, self.device)
         self.host, self.port, self.max_batch_size = host, port, max_batch_size
+        self.max_batch_kv_bytes = max_batch_kv_bytes
         self._api_key = api_key
         self._make_trainer = trainer or self._lora_trainer
         # (base model, extra routes) -> the inference server: base_url, api_key, paused(), close()
@@ -323,6 +325,7 @@ class LocalBackend(StoredRuns):
             port=self.port,
             api_key=self._api_key,
             max_batch_size=self.max_batch_size,
+            max_batch_kv_bytes=self.max_batch_kv_bytes,
             served_name=base_model,
             adapter_dirs=[self.path],
             routes=routes,

@@ -151,7 +151,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     dtype = pick_dtype(args.dtype, device)
     print(f"loading {args.model} ({dtype} on {device}) …", file=sys.stderr)
     loaded = load_model(args.model, dtype=dtype, device=device)
-    engine = Engine(loaded, max_batch_size=args.max_batch_size)
+    engine = Engine(
+        loaded, max_batch_size=args.max_batch_size, max_batch_kv_bytes=args.max_batch_kv_mb
+    )
     for item in args.lora or []:
         name, _, path = item.partition("=")
         if not path:
@@ -196,6 +198,7 @@ def _serve_backend(args: argparse.Namespace, api_key: str | None) -> int:
         port=args.port,
         api_key=api_key or "",
         max_batch_size=args.max_batch_size,
+        max_batch_kv_bytes=args.max_batch_kv_mb,
     )
     print(
         f"loading {args.model} ({backend.inference_dtype} on {backend.device}) …", file=sys.stderr

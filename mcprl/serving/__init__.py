@@ -89,6 +89,7 @@ class LocalServer:
     `api_key`: the bearer token clients must send (default: a random one, `self.api_key`).
     `adapter_dirs`: where `/v1/load_lora_adapter` may load adapters from (default: nowhere).
     `device`: `auto` (a GPU where present), `cpu` or `cuda[:N]`.
+    `max_batch_size`, `max_batch_kv_bytes`: how much the engine decodes at once (`Engine`).
     """
 
     def __init__(
@@ -100,6 +101,7 @@ class LocalServer:
         port: int = 0,
         api_key: str | None = None,
         max_batch_size: int = 32,
+        max_batch_kv_bytes: int | str | None = "auto",
         served_name: str | None = None,
         adapter_dirs: Iterable[str | Path] = (),
         device: str | None = "auto",
@@ -108,7 +110,9 @@ class LocalServer:
         # "" requires no key (mcprl serve on loopback); None makes up a private one
         self.api_key = api_key if api_key is not None else secrets.token_urlsafe(32)
         self.loaded = load_model(model, dtype=dtype, device=device)
-        self.engine = Engine(self.loaded, max_batch_size=max_batch_size)
+        self.engine = Engine(
+            self.loaded, max_batch_size=max_batch_size, max_batch_kv_bytes=max_batch_kv_bytes
+        )
         self.name = served_name or model
         self.handle = start_server(
             self.engine,
