@@ -457,6 +457,63 @@ def test_a_long_prefix_under_layer_checkpoints_gives_the_same_gradient(base_path
 
 
 @pytest.mark.slow
+def test_rows_longer_than_the_budget_run_under_layer_checkpoints_with_the_same_gradient(
+    base_path, monkeypatch
+):
+    """A micro-batch whose rows hold more tokens than `token_budget` (each row here: 70 tokens
+    after an 80-token prompt, against a budget of 64) runs its layers under activation
+    checkpoints, after a shared prefix or whole: the same gradient, and a third or less of the
+    memory kept for the backward pass. `checkpoint_rows=False` keeps it all, as before."""
+    import torch.utils.checkpoint
+
+    checkpoints = []
+    plain = torch.utils.checkpoint.checkpoint
+
+    def counted(*args, **kwargs):
+        checkpoints.append(1)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counted)
+    grads, layers, kept = {}, {}, {}
+    for share in (True, False):
+        for rows in (False, True):
+            torch.manual_seed(0)
+            trainer = LoraTrainer(base_path)
+            prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
+            long = [list(range(100, 170)), list(range(300, 370))]
+            groups = [_on_policy_group(trainer, [*prompt, 21 + g], long, [1, 0]) for g in (0, 1)]
+            checkpoints.clear()
+            # storage kept for the backward pass, each once, the model's own weights aside
+            saved = {p.untyped_storage().data_ptr(): 0 for p in trainer.model.parameters()}
+
+            def pack(tensor, saved=saved):
+                storage = tensor.untyped_storage()
+                saved.setdefault(storage.data_ptr(), storage.nbytes())
+                return tensor
+
+            config = TrainConfig(
+                max_grad_norm=None,
+                learning_rate=1e-9,
+                token_budget=64,
+                share_prefix=share,
+                checkpoint_rows=rows,
+            )
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                trainer.step(groups, config)
+            grads[share, rows] = _seen_gradient(trainer)
+            layers[share, rows] = len(checkpoints)
+            kept[share, rows] = sum(saved.values())
+    depth = trainer.model.config.num_hidden_layers
+    # four micro-batches of one long row each, every layer checkpointed in each
+    assert layers == {(True, False): 0, (True, True): 4 * depth,
+                      (False, False): 0, (False, True): 4 * depth}  # fmt: skip
+    for share in (True, False):
+        _assert_same_gradient(grads[share, True], grads[share, False])
+        # what stays is mostly the shared prefix's own pass (short of `checkpoint_prefix`)
+        assert kept[share, True] < kept[share, False] / 3, kept
+
+
+@pytest.mark.slow
 def test_the_kl_term_runs_the_base_models_prefix_once_with_the_same_gradient(base_path):
     """With --beta, the base model's pass over the shared prefix runs once per update, not once
     per micro-batch, and the gradient (policy and KL terms) is the same as without sharing."""

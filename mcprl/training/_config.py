@@ -100,6 +100,14 @@ class TrainConfig(BaseModel):
         "pass instead of kept, for one more forward pass of the prefix and the same gradient. "
         "A 4,400-token tool list kept about 4.7 GB of them; None: never",
     )
+    checkpoint_rows: bool = Field(
+        default=True,
+        description="a micro-batch whose rows hold more padded tokens than token_budget (a row "
+        "longer than the budget is a micro-batch of its own, as a catalog turn after a long "
+        "tool result) runs each layer under activation checkpointing, so that the budget bounds "
+        "the activations kept for long rows too: one more forward pass of those rows, the same "
+        "gradient",
+    )
     weight_decay: float = Field(default=0.0, ge=0)
 
     @field_validator("scale_rewards", mode="before")

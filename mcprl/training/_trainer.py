@@ -15,12 +15,13 @@ later ones see a policy that has moved since sampling, which the clipped ratio a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +92,19 @@ class LoraTrainer:
         )
         return get_peft_model(base, config)
 
-    def _hidden(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """The last layer's hidden states (after the final norm) of whole rows, [rows, T, H]."""
+    def _hidden(
+        self, ids: torch.Tensor, attention: torch.Tensor, checkpointed: bool = False
+    ) -> torch.Tensor:
+        """The last layer's hidden states (after the final norm) of whole rows, [rows, T, H];
+        `checkpointed`: under layer checkpoints (`_layer_checkpoints`)."""
         body = self.model.get_base_model().model
-        return body(input_ids=ids, attention_mask=attention).last_hidden_state
+        if not checkpointed:
+            return body(input_ids=ids, attention_mask=attention).last_hidden_state
+        with _layer_checkpoints(body) as cache:
+            out = body(
+                input_ids=ids, attention_mask=attention, past_key_values=cache, use_cache=True
+            )
+        return out.last_hidden_state
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -151,7 +161,12 @@ class LoraTrainer:
             for batch, own in zip(batches, olds, strict=True):
                 if config.old_logprobs == "sampler":
                     own = batch.old_logprobs
-                parts = self._micro_step(batch, loss_fn, norm, config.beta, shared, ref_kv, own)
+                # a row longer than the budget is a micro-batch of its own, and would keep
+                # activations for all its tokens (a catalog tail after a tool result: ~2,800)
+                long = config.checkpoint_rows and batch.input_ids.numel() > config.token_budget
+                parts = self._micro_step(
+                    batch, loss_fn, norm, config.beta, shared, ref_kv, own, checkpointed=long
+                )
                 for k, v in parts.items():
                     totals[k] += v / (len(plan) if k in ("loss", "kl") else 1)
                 done += 1
@@ -233,9 +248,11 @@ class LoraTrainer:
         shared: _PrefixPass | None = None,
         ref_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         old: torch.Tensor | None = None,
+        checkpointed: bool = False,
     ) -> dict:
         """One micro-batch's loss, backward. `old`: the ratio's denominator (None: this pass's
-        own log-probabilities, so the ratio is 1 and only its gradient counts)."""
+        own log-probabilities, so the ratio is 1 and only its gradient counts); `checkpointed`:
+        the policy's pass runs its layers under activation checkpoints."""
         ids = batch.input_ids.to(self.device)
         attention = batch.attention_mask.to(self.device)
         mask = batch.loss_mask.to(self.device)
@@ -243,7 +260,12 @@ class LoraTrainer:
         adv = batch.advantages.to(self.device)
         prefix = batch.prefix.to(self.device) if batch.prefix is not None else None
         new = self.token_logprobs(
-            ids, attention, mask, prefix=prefix, prefix_kv=shared.kv if shared else None
+            ids,
+            attention,
+            mask,
+            prefix=prefix,
+            prefix_kv=shared.kv if shared else None,
+            checkpointed=checkpointed,
         )
         old = new.detach() if old is None else old.to(self.device)
         per_token, clipped = loss_fn.per_token(new, old, adv, mask)
@@ -272,6 +294,7 @@ class LoraTrainer:
         *,
         prefix: torch.Tensor | None = None,
         prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        checkpointed: bool = False,
     ) -> torch.Tensor:
         """log p(token t | tokens < t) for t = 1..T-1, as [batch, T-1] float32.
 
@@ -280,13 +303,15 @@ class LoraTrainer:
         logits are the largest tensors of a step. With `prefix` ([P] tokens that precede every
         row of `ids`), the prefix runs once and the rows continue from its key/value cache;
         gradients flow through both. `prefix_kv`: that cache, already computed (`_PrefixPass`).
+        `checkpointed`: the rows' layers run under activation checkpoints (`_layer_checkpoints`:
+        the same values and gradient, for one more forward pass of the rows).
         """
         causal_lm = self.model.get_base_model()
         if prefix is None:
-            hidden = self._hidden(ids, attention)
+            hidden = self._hidden(ids, attention, checkpointed)
         else:
             kv = prefix_kv if prefix_kv is not None else run_prefix(causal_lm.model, prefix)
-            hidden = self._after_prefix(causal_lm.model, kv, ids, attention)
+            hidden = self._after_prefix(causal_lm.model, kv, ids, attention, checkpointed)
         hidden, targets = hidden[:, :-1], ids[:, 1:]
         if mask is None:
             logits = causal_lm.lm_head(hidden).float()
@@ -299,22 +324,25 @@ class LoraTrainer:
 
     @staticmethod
     def _after_prefix(
-        body: Any, kv: list[tuple[torch.Tensor, torch.Tensor]], ids: torch.Tensor, attention
+        body: Any,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        ids: torch.Tensor,
+        attention,
+        checkpointed: bool = False,
     ) -> torch.Tensor:
         from mcprl.serving import expanded_cache
 
         rows, width = ids.shape
-        cache = expanded_cache(kv, rows)
         start = kv[0][0].shape[-2]
         full = torch.cat([attention.new_ones(rows, start), attention], dim=1)
         positions = torch.arange(start, start + width, device=ids.device).expand(rows, -1)
-        out = body(
-            input_ids=ids,
-            attention_mask=full,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        )
+        inputs = {"input_ids": ids, "attention_mask": full, "position_ids": positions}
+        if not checkpointed:
+            cache = expanded_cache(kv, rows)
+            return body(**inputs, past_key_values=cache, use_cache=True).last_hidden_state
+        head = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in kv]
+        with _layer_checkpoints(body, head) as cache:
+            out = body(**inputs, past_key_values=cache, use_cache=True)
         return out.last_hidden_state
 
     # -- state ---------------------------------------------------------------------------------
@@ -458,13 +486,26 @@ class _PrefixPass:
 def _checkpointed_prefix(
     body: Any, prefix: torch.Tensor
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`run_prefix` with each decoder layer under torch's (non-reentrant) activation checkpoint:
-    a layer keeps only its input, and the backward pass runs it again for the rest. Keys and
-    values still carry their graph, so gradients reach the prefix as before.
+    """`run_prefix` under layer checkpoints (`_layer_checkpoints`). Keys and values still carry
+    their graph, so gradients reach the prefix as before."""
+    with _layer_checkpoints(body) as cache:
+        body(input_ids=prefix[None], past_key_values=cache, use_cache=True)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+@contextlib.contextmanager
+def _layer_checkpoints(
+    body: Any, head: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+) -> Iterator[Any]:
+    """For the pass run inside: each decoder layer under torch's (non-reentrant) activation
+    checkpoint, so that it keeps only its input and the backward pass runs it again for the
+    rest. Yields the cache the pass must use: it holds `head` (keys and values of earlier
+    positions, per layer, batch-sized) and takes the pass's own.
 
     transformers' own switch (`gradient_checkpointing_enable`) drops the cache that the keys
     and values are read from, so the layers are switched here, for this pass only, with a cache
-    that hands a replayed layer's keys and values back instead of appending them again."""
+    that hands a layer run again its keys and values (the head's, then its own) instead of
+    appending them a second time."""
     import torch.utils.checkpoint
     from transformers import DynamicCache
 
@@ -472,9 +513,12 @@ def _checkpointed_prefix(
         filled = False
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-            if self.filled:  # a layer run again in the backward pass
+            if not self.filled:
+                return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            if head is None:  # a layer run again in the backward pass
                 return key_states, value_states
-            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            keys, values = head[layer_idx]
+            return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
 
     layers = list(body.layers)
     switches = {
@@ -485,13 +529,14 @@ def _checkpointed_prefix(
         ),
     }
     cache = ReplayCache()
+    for i, (keys, values) in enumerate(head or ()):
+        cache.update(keys, values, i)
     try:
         for layer in layers:
             layer.__dict__.update(switches)
-        body(input_ids=prefix[None], past_key_values=cache, use_cache=True)
+        yield cache
     finally:
         for layer in layers:
             for name in switches:
                 layer.__dict__.pop(name, None)
-    cache.filled = True
-    return [(layer.keys, layer.values) for layer in cache.layers]
+        cache.filled = True
