@@ -162,7 +162,7 @@ class LoraTrainer:
                 if config.old_logprobs == "sampler":
                     own = batch.old_logprobs
                 # a row longer than the budget is a micro-batch of its own, and would keep
-                # activations for all its tokens (a catalog tail after a tool result: ~2,800)
+                # activations for all its tokens (a catalog tail after a tool result: ~1,500)
                 long = config.checkpoint_rows and batch.input_ids.numel() > config.token_budget
                 parts = self._micro_step(
                     batch, loss_fn, norm, config.beta, shared, ref_kv, own, checkpointed=long
