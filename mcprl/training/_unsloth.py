@@ -83,7 +83,10 @@ class UnslothTrainer(LoraTrainer):
             use_gradient_checkpointing="unsloth",
         )
 
-    def _hidden(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    def _hidden(
+        self, ids: torch.Tensor, attention: torch.Tensor, checkpointed: bool = False
+    ) -> torch.Tensor:
+        # `checkpointed` is left to Unsloth, which checkpoints every layer itself ("unsloth")
         reduced = self.dtype != "float32" and self.device.type == "cuda"
         with (
             _hidden_states_instead_of_logits(),
