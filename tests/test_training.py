@@ -420,21 +420,27 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
     _assert_same_gradient(grads[2], grads[3])
 
 
-@pytest.mark.slow
-def test_a_long_prefix_under_layer_checkpoints_gives_the_same_gradient(base_path, monkeypatch):
-    """A prefix at or over `checkpoint_prefix` tokens runs each layer under an activation
-    checkpoint (its activations recomputed in the backward pass), in one micro-batch or four;
-    the gradient is the one without."""
+@pytest.fixture
+def checkpoints(monkeypatch) -> list[int]:
+    """One entry per call of torch's activation checkpoint (one per layer run under it)."""
     import torch.utils.checkpoint
 
-    checkpoints = []
+    calls: list[int] = []
     plain = torch.utils.checkpoint.checkpoint
 
     def counted(*args, **kwargs):
-        checkpoints.append(1)
+        calls.append(1)
         return plain(*args, **kwargs)
 
     monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counted)
+    return calls
+
+
+@pytest.mark.slow
+def test_a_long_prefix_under_layer_checkpoints_gives_the_same_gradient(base_path, checkpoints):
+    """A prefix at or over `checkpoint_prefix` tokens runs each layer under an activation
+    checkpoint (its activations recomputed in the backward pass), in one micro-batch or four;
+    the gradient is the one without."""
     grads, layers = [], []
     for budget, checkpoint_from in ((4096, None), (4096, 16), (64, None), (64, 16)):
         torch.manual_seed(0)
@@ -458,22 +464,13 @@ def test_a_long_prefix_under_layer_checkpoints_gives_the_same_gradient(base_path
 
 @pytest.mark.slow
 def test_rows_longer_than_the_budget_run_under_layer_checkpoints_with_the_same_gradient(
-    base_path, monkeypatch
+    base_path, checkpoints
 ):
     """A micro-batch whose rows hold more tokens than `token_budget` (each row here: 70 tokens
     after an 80-token prompt, against a budget of 64) runs its layers under activation
-    checkpoints, after a shared prefix or whole: the same gradient, and a third or less of the
-    memory kept for the backward pass. `checkpoint_rows=False` keeps it all, as before."""
-    import torch.utils.checkpoint
-
-    checkpoints = []
-    plain = torch.utils.checkpoint.checkpoint
-
-    def counted(*args, **kwargs):
-        checkpoints.append(1)
-        return plain(*args, **kwargs)
-
-    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counted)
+    checkpoints, after a shared prefix or whole: the same gradient, and much less memory kept
+    for the backward pass (measured: 0.31x after a shared prefix, 0.13x without).
+    `checkpoint_rows=False` keeps it all, as before."""
     grads, layers, kept = {}, {}, {}
     for share in (True, False):
         for rows in (False, True):
@@ -483,12 +480,15 @@ def test_rows_longer_than_the_budget_run_under_layer_checkpoints_with_the_same_g
             long = [list(range(100, 170)), list(range(300, 370))]
             groups = [_on_policy_group(trainer, [*prompt, 21 + g], long, [1, 0]) for g in (0, 1)]
             checkpoints.clear()
-            # storage kept for the backward pass, each once, the model's own weights aside
-            saved = {p.untyped_storage().data_ptr(): 0 for p in trainer.model.parameters()}
+            # storage kept for the backward pass, each once, the model's own weights aside;
+            # each is held to the end so that no address is freed and reused by another
+            weights = {p.untyped_storage().data_ptr() for p in trainer.model.parameters()}
+            saved = {}
 
-            def pack(tensor, saved=saved):
+            def pack(tensor, saved=saved, weights=weights):
                 storage = tensor.untyped_storage()
-                saved.setdefault(storage.data_ptr(), storage.nbytes())
+                if storage.data_ptr() not in weights:
+                    saved.setdefault(storage.data_ptr(), (storage.nbytes(), tensor))
                 return tensor
 
             config = TrainConfig(
@@ -502,15 +502,18 @@ def test_rows_longer_than_the_budget_run_under_layer_checkpoints_with_the_same_g
                 trainer.step(groups, config)
             grads[share, rows] = _seen_gradient(trainer)
             layers[share, rows] = len(checkpoints)
-            kept[share, rows] = sum(saved.values())
+            kept[share, rows] = sum(size for size, _ in saved.values())
+            saved.clear()
     depth = trainer.model.config.num_hidden_layers
     # four micro-batches of one long row each, every layer checkpointed in each
     assert layers == {(True, False): 0, (True, True): 4 * depth,
                       (False, False): 0, (False, True): 4 * depth}  # fmt: skip
     for share in (True, False):
         _assert_same_gradient(grads[share, True], grads[share, False])
-        # what stays is mostly the shared prefix's own pass (short of `checkpoint_prefix`)
-        assert kept[share, True] < kept[share, False] / 3, kept
+    # what stays: the logits over the 49k-word vocabulary, and after a shared prefix that
+    # prefix's own pass (short of `checkpoint_prefix`)
+    assert kept[True, True] < kept[True, False] / 2, kept
+    assert kept[False, True] < kept[False, False] / 4, kept
 
 
 @pytest.mark.slow
