@@ -7,10 +7,13 @@ Each budget runs the `mcprl` command after `--` in a process of its own (0: no b
 the bound existed), with a thread that samples every 0.5 s the process's RSS and the engine's
 running batch: its rows, its width (positions per row, padding included), the share of those
 positions that are not padding, and the bytes its keys and values take. Reported per budget:
-peak RSS (and at that moment, glibc's heap in use and freed but kept), wall time, the
+peak RSS (and at that moment, glibc's heap in use and freed but kept), the peak while the
+engine runs no batch (a training step's, in a run that trains), wall time, the
 console's lines on rollouts and evaluations, and the batch figures. Environment variables
 (`MALLOC_ARENA_MAX`, ...) pass through to the runs.
-`--path` is set to a fresh temporary folder per run.
+`--path` is set to a fresh temporary folder per run, unless the command gives one: a copy of a
+run to resume from a step, e.g. `-- train example:catalog --path COPY --project learning --name
+default --steps 7 --eval-every 0 --no-report` after deleting COPY's step 7 onwards.
 """
 
 from __future__ import annotations
@@ -112,8 +115,9 @@ def child(budget_mb: int, log: str, argv: list[str]) -> int:
 def run(budget_mb: int, argv: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "samples.jsonl")
-        command = [sys.executable, __file__, "--child", str(budget_mb), log, "--", *argv,
-                   "--path", os.path.join(tmp, "run")]  # fmt: skip
+        command = [sys.executable, __file__, "--child", str(budget_mb), log, "--", *argv]
+        if "--path" not in argv:
+            command += ["--path", os.path.join(tmp, "run")]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - started
@@ -121,6 +125,7 @@ def run(budget_mb: int, argv: list[str]) -> dict:
             raise SystemExit(f"budget {budget_mb} MB failed:\n{done.stderr[-3000:]}")
         samples = [json.loads(line) for line in Path(log).read_text().splitlines()]
     busy = [s for s in samples if "rows" in s]
+    idle = [s for s in samples if "rows" not in s]
     console = (done.stdout + done.stderr).replace("\r", "\n").splitlines()
     lines = [ln for ln in console if " attempts in " in ln or "time:" in ln]
     top = max(samples, key=lambda s: s["rss_gb"])
@@ -132,6 +137,8 @@ def run(budget_mb: int, argv: list[str]) -> dict:
         "batch_peak_kv_gb": round(max((s["kv_gb"] for s in busy), default=0.0), 2),
         "batch_mean_rows": round(sum(s["rows"] for s in busy) / max(len(busy), 1), 1),
         "batch_mean_not_padding": round(sum(s["used"] for s in busy) / max(len(busy), 1), 3),
+        # no batch in the engine: loading, training steps, writing checkpoints
+        "peak_rss_no_batch_gb": round(max((s["rss_gb"] for s in idle), default=0.0), 2),
         "console": lines,
     }
 

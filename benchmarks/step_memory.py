@@ -1,14 +1,16 @@
 """Peak memory and time of one training step, per micro-batch budget, on a run's own groups.
 
     python benchmarks/step_memory.py RUN_DIR/trajectories/train/0001.jsonl [--budgets 2048 1024]
-        [--checkpoint-rows on off]
+        [--checkpoint-rows on off] [--checkpoint-prefix 2048 512]
 
 Each budget (`TrainConfig.token_budget`: padded tokens per micro-batch) runs one
 `LoraTrainer.step` on the stored groups, with a fresh LoRA on SmolLM2-135M, in a process of its
 own, so its peak RSS (`VmHWM`) is its own: the model load, then the step. Reported beside the
 peak: the RSS before the step (the loaded trainer), the step's wall time and micro-batches.
 `--checkpoint-rows on off` runs each budget with and without layer checkpoints for rows longer
-than the budget (`TrainConfig.checkpoint_rows`). Everything else is `TrainConfig`'s defaults.
+than the budget (`TrainConfig.checkpoint_rows`); `--checkpoint-prefix 2048 512` with a shared
+prompt head of that many tokens or more checkpointed (`TrainConfig.checkpoint_prefix`, 0: never).
+Everything else is `TrainConfig`'s defaults.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ def _status(field: str) -> float:
     return float("nan")
 
 
-def child(groups_path: str, budget: int, dtype: str, threads: int | None, rows: bool) -> dict:
+def child(
+    groups_path: str, budget: int, dtype: str, threads: int | None, rows: bool, prefix: int | None
+) -> dict:
     from mcprl.serving import fix_threads, resolve_model
     from mcprl.training import LoraTrainer, TrainConfig
     from mcprl.types import read_groups
@@ -45,12 +49,17 @@ def child(groups_path: str, budget: int, dtype: str, threads: int | None, rows: 
     started = time.perf_counter()
     metrics = trainer.step(
         groups,
-        TrainConfig(token_budget=budget, checkpoint_rows=rows),
+        TrainConfig(
+            token_budget=budget,
+            checkpoint_rows=rows,
+            **({} if prefix is None else {"checkpoint_prefix": prefix or None}),
+        ),
         lambda done, total: batches.append(total),
     )
     return {
         "budget": budget,
         "checkpoint_rows": rows,
+        "checkpoint_prefix": prefix,
         "loaded_gb": loaded,
         "peak_gb": _status("VmHWM"),
         "after_gb": _status("VmRSS"),
@@ -71,31 +80,42 @@ def main() -> None:
         "--checkpoint-rows", nargs="+", choices=["on", "off"], default=["on"],
         help="layer checkpoints for rows longer than the budget (default: on, the default)",
     )  # fmt: skip
+    p.add_argument(
+        "--checkpoint-prefix", type=int, nargs="+", default=[None],
+        help="shared heads of this many tokens or more checkpointed, 0: never (default: the "
+        "default)",
+    )  # fmt: skip
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--prefix", type=int, help=argparse.SUPPRESS)
     p.add_argument("--rows", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         rows = args.rows == "on"
-        print(json.dumps(child(args.groups, args.child, args.dtype, args.threads, rows)))
+        out = child(args.groups, args.child, args.dtype, args.threads, rows, args.prefix)
+        print(json.dumps(out))
         return
     print(f"groups: {args.groups}; dtype {args.dtype}; threads {args.threads or 'default'}\n")
-    print("| token budget | long rows checkpointed | micro-batches | trainer loaded | peak RSS "
-          "| after | step s |")  # fmt: skip
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| token budget | long rows checkpointed | head checkpointed from | micro-batches "
+          "| trainer loaded | peak RSS | after | step s |")  # fmt: skip
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for budget in args.budgets:
         for rows in args.checkpoint_rows:
-            out = subprocess.run(
-                [sys.executable, __file__, args.groups, "--child", str(budget), "--rows", rows,
-                 "--dtype", args.dtype,
-                 *(["--threads", str(args.threads)] if args.threads else [])],
-                check=True, capture_output=True, text=True, cwd=ROOT,
-            )  # fmt: skip
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(
-                f"| {budget} | {rows} | {r['micro_batches']} | {r['loaded_gb']:.2f} GB | "
-                f"**{r['peak_gb']:.2f} GB** | {r['after_gb']:.2f} GB | {r['seconds']:.1f} |",
-                flush=True,
-            )
+            for prefix in args.checkpoint_prefix:
+                out = subprocess.run(
+                    [sys.executable, __file__, args.groups, "--child", str(budget),
+                     "--rows", rows, "--dtype", args.dtype,
+                     *(["--prefix", str(prefix)] if prefix is not None else []),
+                     *(["--threads", str(args.threads)] if args.threads else [])],
+                    check=True, capture_output=True, text=True, cwd=ROOT,
+                )  # fmt: skip
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                head = "default" if prefix is None else (prefix or "never")
+                print(
+                    f"| {budget} | {rows} | {head} | {r['micro_batches']} | "
+                    f"{r['loaded_gb']:.2f} GB | **{r['peak_gb']:.2f} GB** | "
+                    f"{r['after_gb']:.2f} GB | {r['seconds']:.1f} |",
+                    flush=True,
+                )
     print(f"\n{r['sequences']:.0f} sequences, {r['trained_tokens']:.0f} trained tokens")
 
 

@@ -93,12 +93,14 @@ class TrainConfig(BaseModel):
         description="run the prompt prefix a micro-batch's sequences share once (same gradient)",
     )
     checkpoint_prefix: int | None = Field(
-        default=2048,
+        default=512,
         ge=1,
         description="a shared prefix of this many tokens or more runs layer by layer under "
         "activation checkpointing: each layer's activations are recomputed in the backward "
-        "pass instead of kept, for one more forward pass of the prefix and the same gradient. "
-        "A 4,400-token tool list kept about 4.7 GB of them; None: never",
+        "pass instead of kept, for one more forward pass of the prefix (once an update) and "
+        "the same gradient. A 4,400-token tool list kept about 4.7 GB of them; the "
+        "calculator's ~840-token head 0.8 GB, a step's peak 2.71 -> 1.93 GB at no measured "
+        "cost (2048 before; benchmarks/step_memory.py --checkpoint-prefix). None: never",
     )
     checkpoint_rows: bool = Field(
         default=True,
