@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.cache_utils import Cache, DynamicLayer
@@ -111,6 +113,8 @@ def _grouped_sdpa(module, query, key, value, attention_mask, scaling, dropout, *
             scaling=scaling, dropout=dropout, **kw,
         )  # fmt: skip
         return out.to(query.dtype), weights
+    if attention_mask is not None and attention_mask.dtype == torch.bool and query.requires_grad:
+        attention_mask = _additive(attention_mask, key.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(
         query.to(key.dtype),
         key,
@@ -122,6 +126,27 @@ def _grouped_sdpa(module, query, key, value, attention_mask, scaling, dropout, *
         enable_gqa=key.shape[1] != query.shape[1],
     )
     return out.transpose(1, 2).contiguous().to(query.dtype), None
+
+
+_last_mask: tuple[weakref.ref, torch.dtype, weakref.ref] | None = None
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as SDPA turns it into an additive one (0 where True, -inf elsewhere),
+    made once for the layers of a forward pass: SDPA converts a boolean mask at each call, and
+    in training each layer kept its own copy for the backward pass (0.23 GB a micro-batch of
+    1,024 tokens behind an 809-token head: 30 copies of [1, 1, 1024, 1833] float32). The layers
+    of one pass get the same mask tensor from transformers. Held weakly: the backward pass's
+    saved tensors keep it while they need it."""
+    global _last_mask
+    if _last_mask is not None and _last_mask[0]() is mask and _last_mask[1] == dtype:
+        kept = _last_mask[2]()
+        if kept is not None:
+            return kept
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    additive.masked_fill_(~mask, float("-inf"))
+    _last_mask = (weakref.ref(mask), dtype, weakref.ref(additive))
+    return additive
 
 
 AttentionInterface.register(CPU_ATTENTION, cpu_attention)
