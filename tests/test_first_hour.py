@@ -4,6 +4,7 @@ trackers, progress that moves per turn, and summaries that say whether steps lea
 from __future__ import annotations
 
 import csv
+import re
 import sys
 import types
 import typing
@@ -197,6 +198,9 @@ def test_the_summary_says_how_many_steps_updated_the_model(capsys):
     print_summary(summary, "mcprl train example:calculator")
     out = capsys.readouterr().out
     assert "2 of 3 steps updated the model; in 1 every group tied" in out
+    # where a laptop's memory went: the process holds the model, engine and trainer
+    peak = re.search(r"memory: this process peaked at (\d+\.\d\d) GB resident", out)
+    assert peak and 0.01 < float(peak.group(1)) < 1000
 
 
 def test_success_rates_show_their_counts_and_a_95_percent_interval():

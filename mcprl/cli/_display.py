@@ -82,6 +82,17 @@ def stop_message(phase: str) -> str:
     return f"stopping: {what}; Ctrl-C again to abort at once"
 
 
+def peak_memory_gb() -> float | None:
+    """This process's peak resident memory so far (the model, engine and trainer of a local
+    run live in it), or None where the OS does not say."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak / 1e6  # bytes there, KiB on Linux
+
+
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
@@ -146,6 +157,8 @@ def print_summary(summary: Any, again: str) -> None:
         print(f"  stopped: {summary.stopped}")
     if summary.times:
         print("  time: " + ", ".join(f"{k} {_duration(v)}" for k, v in summary.times.items()))
+    if (peak := peak_memory_gb()) is not None:
+        print(f"  memory: this process peaked at {peak:.2f} GB resident")
     print(f"  checkpoints: {summary.run_dir}/checkpoints")
     if summary.report:
         print(f"  report: {summary.report}")

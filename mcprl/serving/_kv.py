@@ -128,7 +128,7 @@ def _grouped_sdpa(module, query, key, value, attention_mask, scaling, dropout, *
     return out.transpose(1, 2).contiguous().to(query.dtype), None
 
 
-_last_mask: tuple[weakref.ref, torch.dtype, weakref.ref] | None = None
+_last_mask: tuple[weakref.ref, int, torch.dtype, weakref.ref] | None = None
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -139,13 +139,14 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     of one pass get the same mask tensor from transformers. Held weakly: the backward pass's
     saved tensors keep it while they need it."""
     global _last_mask
-    if _last_mask is not None and _last_mask[0]() is mask and _last_mask[1] == dtype:
-        kept = _last_mask[2]()
+    key = (mask._version, dtype)  # a mask changed in place is converted anew
+    if _last_mask is not None and _last_mask[0]() is mask and _last_mask[1:3] == key:
+        kept = _last_mask[3]()
         if kept is not None:
             return kept
     additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     additive.masked_fill_(~mask, float("-inf"))
-    _last_mask = (weakref.ref(mask), dtype, weakref.ref(additive))
+    _last_mask = (weakref.ref(mask), *key, weakref.ref(additive))
     return additive
 
 
