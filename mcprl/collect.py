@@ -200,7 +200,9 @@ def summarize(
     groups: list[TrajectoryGroup], scenarios: Sequence[Scenario] | dict[str, Scenario]
 ) -> dict[str, float]:
     """Means over all attempts: reward, success (where references exist), turns, errors; and
-    the counts behind the success rate (`successes` of `checked_attempts`)."""
+    the counts behind the success rate (`successes` of `checked_attempts`). Where the training
+    loop started some of them (`Trajectory.helped`: explored, demonstrated, guided), also the
+    policy's own: `own_successes` of `own_attempts` (a step's success can be all the loop's)."""
     by_id = scenarios if isinstance(scenarios, dict) else {s.id: s for s in scenarios}
     mark_success(groups, by_id)
     attempts = [t for g in groups for t in g.trajectories]
@@ -215,6 +217,10 @@ def summarize(
         out["success"] = _mean(success)
         out["successes"] = float(sum(s >= 1.0 for s in success))
         out["checked_attempts"] = float(len(success))  # those with a reference to check
+        own = [t.metrics["success"] for t in attempts if "success" in t.metrics and not t.helped]
+        if len(own) < len(success):  # the loop started some: what the policy solved alone
+            out["own_successes"] = float(sum(s >= 1.0 for s in own))
+            out["own_attempts"] = float(len(own))
     for key in _MEANS:
         values = [t.metrics[key] for t in attempts if key in t.metrics]
         if values:

@@ -56,10 +56,13 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
     guided, hindsight = train("attempts_guided", 0), train("hindsight_added", 0)
     shown = train("attempts_demonstrated", 0)
     success = row.get("train/success")
+    own = ""
+    if "train/own_attempts" in row:  # the loop started some attempts: what the model did alone
+        own = f" (its own attempts {train('own_successes'):.0f} of {train('own_attempts'):.0f})"
     return (
         f"step {row['step']}/{steps}: reward {train('reward_mean'):.3f} "
         f"± {train('reward_std'):.3f}"
-        + (f", success {success:.0%}" if success is not None else "")
+        + (f", success {success:.0%}{own}" if success is not None else "")
         + f", {_plural(train('groups_trained', 0), 'group')} trained of "
         + f"{train('groups_drawn', 0):.0f} drawn ({train('groups_tied', 0):.0f} tied"
         + (f", {dropped:.0f} lost to the judge" if dropped else "")

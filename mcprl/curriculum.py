@@ -84,11 +84,6 @@ def _reference_calls(scenario: Scenario) -> int:
     return len(scenario.reference.calls) if scenario.reference is not None else 0
 
 
-def _helped(t: Any) -> bool:
-    """The loop chose how the attempt started (a first tool, or calls made for it)."""
-    return "first_tool" in t.metadata or "guided_calls" in t.metadata
-
-
 def _demonstrated(t: Any) -> int:
     """How many calls the loop pinned for the attempt (`RolloutConfig.next_calls`)."""
     if "first_arguments" not in t.metadata:
@@ -202,7 +197,7 @@ class ScenarioSampler:
             kind = self._by_kind[self._kind[g.scenario_id or ""]]
             informative = is_informative(g, self.informative)
             solved = [t for t in g.trajectories if t.metrics.get(self._mark, 0.0) >= 1.0]
-            own = sum(not _helped(t) for t in solved)
+            own = sum(not t.helped for t in solved)
             # calls made for a success: the demonstrated calls after the guided ones count too
             guided = [
                 int(t.metadata["guided_calls"]) + _demonstrated(t)

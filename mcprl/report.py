@@ -52,6 +52,15 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
     return steps, [float(by_step[s]) for s in steps]
 
 
+def _own_success(row: dict[str, Any]) -> float:
+    """A step's success among the attempts the loop did not start (all of them where it
+    started none)."""
+    attempts = row.get("train/own_attempts")
+    if attempts is None:
+        return float(row["train/success"])
+    return row["train/own_successes"] / attempts if attempts else math.nan
+
+
 _PARTS = [
     ("train/reward_answer", "answer correct (= success)"),
     ("train/reward_calls", "reference calls made"),
@@ -265,6 +274,25 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ax.set(xlabel="step", ylabel="reward", title="Training reward")
     ax.grid(alpha=0.3)
     save(fig, "train_reward.png", "Reward of the training attempts: mean and spread per step.")
+
+    steps, every = _series(rows, "train/success")
+    if steps:
+        fig, ax = plt.subplots(figsize=(6.4, 3.4))
+        ax.plot(steps, every, marker="o", label="every attempt")
+        by_step = {r["step"]: r for r in rows if "train/success" in r}
+        own = [_own_success(by_step[s]) for s in steps]
+        if own != every:
+            ax.plot(steps, own, marker="s", label="the model's own (not started by the loop)")
+        ax.set(xlabel="step", ylabel="share solved", ylim=(-0.05, 1.05))
+        ax.set(title="Training success")
+        _legend(ax)
+        ax.grid(alpha=0.3)
+        save(
+            fig,
+            "train_success.png",
+            "Share of the training attempts solved per step, and of the model's own: the "
+            "attempts whose start the loop chose (explored, demonstrated, guided) left out.",
+        )
 
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     files = _trajectory_files(run_dir, "train")

@@ -296,6 +296,12 @@ class RunSummary(BaseModel):
     final_step: int | None = None
     times: dict[str, float] = Field(default_factory=dict)
     steps_without_update: int = Field(default=0, description="every group tied: nothing learned")
+    training: dict[str, float] = Field(
+        default_factory=dict,
+        description="this run's training attempts, summed over its steps: successes of "
+        "checked_attempts, and the policy's own (those the loop did not start): own_successes "
+        "of own_attempts",
+    )
     judge_spent: dict[str, float] = Field(
         default_factory=dict, description="the judge's tokens and cost, over the whole run"
     )
@@ -776,6 +782,10 @@ class TrainingRun:
             {"step": result.step, **{f"train/{k}": v for k, v in m.items()}, **extra}
         )
         times["train"] = m.get("time_train_s", 0.0)
+        if "checked_attempts" in stats:  # own: all of them at a step where the loop started none
+            own = {"own_successes": stats["successes"], "own_attempts": stats["checked_attempts"]}
+            for k in ("successes", "checked_attempts", "own_successes", "own_attempts"):
+                summary.training[k] = summary.training.get(k, 0.0) + stats.get(k, own.get(k))
         for k, v in times.items():
             summary.times[k] = summary.times.get(k, 0.0) + v
         if m.get("skipped_update"):

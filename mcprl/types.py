@@ -177,6 +177,13 @@ class Trajectory(BaseModel):
         """Every completion carries its token ids and log-probabilities."""
         return bool(self.choices) and all(c.trainable for c in self.choices)
 
+    @property
+    def helped(self) -> bool:
+        """The training loop chose how the attempt started: a first tool it picked (an explored
+        attempt), a first call it pinned (a demonstration), or reference calls it made for it
+        (a guided one). Its success is partly the loop's, not the policy's own."""
+        return "first_tool" in self.metadata or "guided_calls" in self.metadata
+
     def log(self, text: str) -> None:
         self.logs.append(text)
 

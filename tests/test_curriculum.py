@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from mcprl.cli._display import _own_attempts
 from mcprl.console import Console
 from mcprl.curriculum import ScenarioSampler, is_informative
 from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
@@ -541,12 +542,22 @@ async def test_a_kind_the_policy_never_solves_gets_attempts_that_start_with_othe
     assert [t.metadata.get("first_tool") for t in first[0].trajectories] == [None] * 7
     assert backend.rows[0]["train/attempts_explored"] == 0
     solved = [t.metadata.get("first_tool") for t in second[0].trajectories if t.reward == 1.0]
+    assert "train/own_attempts" not in backend.rows[0]  # every attempt was the policy's own
     if explore == 0:
         assert solved == [] and backend.rows[1]["train/attempts_explored"] == 0
         return
     tools = [t.metadata.get("first_tool") for t in second[0].trajectories]
     if explore < 1:  # 2 of 7 attempts: the reference's tool is always one of them
         assert "add" in tools and len([t for t in tools if t]) == 2 and solved == ["add"]
+        # the step's success is the loop's: the policy's own five attempts solved nothing
+        row = backend.rows[1]
+        assert row["train/successes"] == 1 and row["train/checked_attempts"] == 7
+        assert (row["train/own_successes"], row["train/own_attempts"]) == (0, 5)
+        assert "success 14% (its own attempts 0 of 5)" in said[-1]
+        assert _own_attempts(summary.training) == (  # the closing screen's line
+            "1 of 14 solved; the model's own (not started by the loop) 0 of 12, so every "
+            "success in training was the loop's"
+        )
         return
     offered = sorted(t.name for t in run.info.tools if t.name not in hidden)
     assert sorted(t for t in tools if t) == offered  # one attempt per tool offered

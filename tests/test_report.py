@@ -52,6 +52,7 @@ def run_dir(tmp_path: Path) -> Path:
                 "train/reward_reported": 0.2, "train/groups_drawn": 6.0,
                 "train/groups_trained": 0.0 if step == 2 else 4.0,
                 "train/skipped_update": 1.0 if step == 2 else 0.0,
+                **({"train/own_successes": 0.0, "train/own_attempts": 6.0} if step == 3 else {}),
                 **({} if step == 2 else {"train/loss": -0.1, "train/grad_norm": 0.5,
                                         "train/kl": 0.0, "train/clip_fraction": 0.01,
                                         "train/abs_logprob_drift": 0.02}),
@@ -90,12 +91,13 @@ def test_report_shows_settings_trainer_metrics_and_each_attempts_outcome(run_dir
 def test_report_has_plots_a_summary_and_the_best_and_worst_attempts(run_dir: Path):
     out = write_report(run_dir)
     html = out.read_text()
-    pngs = ("val.png", "train_reward.png", "scores.png", "reward_parts.png", "signal.png",
-            "behaviour.png", "time.png")  # fmt: skip
+    pngs = ("val.png", "train_reward.png", "train_success.png", "scores.png",
+            "reward_parts.png", "signal.png", "behaviour.png", "time.png")  # fmt: skip
     for png in pngs:
         assert (run_dir / png).stat().st_size > 5000, png
         assert f'src="{png}"' in html
     assert "2 of 3 steps updated the model.</b> No update at step 2: every group" in html
+    assert "and of the model&#x27;s own: the attempts whose start the loop chose" in html
     assert "step 0" in html and "step 3" in html  # baseline and latest evaluation
     assert "<td>attempts</td><td>8</td><td>8</td>" in html  # counts are whole numbers
     best, worst = html.split("<h3>Best</h3>")[1].split("<h3>Worst</h3>")

@@ -98,6 +98,21 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
+def _own_attempts(training: dict[str, float]) -> str | None:
+    """What the training attempts solved, and the model's own among them, where the loop
+    started some (explored, demonstrated, guided): a success the loop set up is not one the
+    model can repeat alone."""
+    own = int(training.get("own_successes", 0)), int(training.get("own_attempts", 0))
+    every = int(training.get("successes", 0)), int(training.get("checked_attempts", 0))
+    if own[1] == every[1]:  # the loop started none
+        return None
+    return (
+        f"{every[0]} of {every[1]} solved; the model's own (not started by the loop) "
+        f"{own[0]} of {own[1]}"
+        + (", so every success in training was the loop's" if every[0] and not own[0] else "")
+    )
+
+
 def print_summary(summary: Any, again: str) -> None:
     done = summary.last_step - summary.first_step
     state = "stopped early" if summary.interrupted or summary.stopped else "done"
@@ -144,6 +159,8 @@ def print_summary(summary: Any, again: str) -> None:
                 else ""
             )
         )
+    if own := _own_attempts(summary.training):
+        print(f"  training attempts: {own}")
     if summary.groups_dropped:
         lost = sum(summary.groups_dropped.values())
         where = ", ".join(f"step {k}: {v}" for k, v in sorted(summary.groups_dropped.items()))
