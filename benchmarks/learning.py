@@ -100,6 +100,12 @@ def _history(run_dir: Path) -> dict[str, list]:
     return {
         "val_success": [(r["step"], r.get("val/success")) for r in rows if "val/attempts" in r],
         "train_success": [(r["step"], r.get("train/success")) for r in rows if "train/groups" in r],
+        # the attempts the loop did not start (explored, demonstrated, guided): successes, of
+        "train_own": [
+            (r["step"], r["train/own_successes"], r["train/own_attempts"])
+            for r in rows
+            if "train/own_attempts" in r
+        ],
         "train_judged_success": [
             (r["step"], r["train/judged_success"]) for r in rows if "train/judged_success" in r
         ],
