@@ -23,6 +23,7 @@ __all__ = [
     "describe_chains",
     "describe_yes_no",
     "difference",
+    "own_counts",
     "rate",
     "split_metrics",
     "wilson",
@@ -47,6 +48,15 @@ def counts(metrics: dict[str, float]) -> tuple[int, int] | None:
     if "successes" not in metrics or "checked_attempts" not in metrics:
         return None
     return round(metrics["successes"]), round(metrics["checked_attempts"])
+
+
+def own_counts(metrics: dict[str, float]) -> tuple[int, int] | None:
+    """(successes, attempts checked) of the policy's own attempts in a summary's metrics:
+    `own_successes` of `own_attempts` where the training loop started some, every checked
+    attempt where it started none; None where it holds only the rate (older records)."""
+    if "own_attempts" in metrics:
+        return round(metrics["own_successes"]), round(metrics["own_attempts"])
+    return counts(metrics)
 
 
 def rate(successes: int, n: int) -> str:

@@ -26,6 +26,7 @@ from mcprl._stats import (
     describe_chains,
     describe_yes_no,
     difference,
+    own_counts,
     rate,
     split_metrics,
 )
@@ -55,10 +56,10 @@ def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float
 def _own_success(row: dict[str, Any]) -> float:
     """A step's success among the attempts the loop did not start (all of them where it
     started none)."""
-    attempts = row.get("train/own_attempts")
-    if attempts is None:
+    own = own_counts(split_metrics(row, "train"))
+    if own is None:  # an older record: the rate alone
         return float(row["train/success"])
-    return row["train/own_successes"] / attempts if attempts else math.nan
+    return own[0] / own[1] if own[1] else math.nan
 
 
 _PARTS = [

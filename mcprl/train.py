@@ -59,7 +59,8 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mcprl._defaults import configured_llm
-from mcprl._stats import split_metrics
+from mcprl._stats import counts as success_counts
+from mcprl._stats import own_counts, split_metrics
 from mcprl.backends import Backend
 from mcprl.collect import (
     SEED_STRIDE,
@@ -782,10 +783,11 @@ class TrainingRun:
             {"step": result.step, **{f"train/{k}": v for k, v in m.items()}, **extra}
         )
         times["train"] = m.get("time_train_s", 0.0)
-        if "checked_attempts" in stats:  # own: all of them at a step where the loop started none
-            own = {"own_successes": stats["successes"], "own_attempts": stats["checked_attempts"]}
-            for k in ("successes", "checked_attempts", "own_successes", "own_attempts"):
-                summary.training[k] = summary.training.get(k, 0.0) + stats.get(k, own.get(k))
+        if (every := success_counts(stats)) and (own := own_counts(stats)):
+            tally = zip(("successes", "checked_attempts", "own_successes", "own_attempts"),
+                        (*every, *own), strict=True)  # fmt: skip
+            for k, v in tally:
+                summary.training[k] = summary.training.get(k, 0.0) + v
         for k, v in times.items():
             summary.times[k] = summary.times.get(k, 0.0) + v
         if m.get("skipped_update"):
