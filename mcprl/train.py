@@ -15,10 +15,11 @@ then repeats, up to `steps`:
    drawn by `mcprl.curriculum.ScenarioSampler` (scenarios likely to give differing rewards, from
    the easy end first). At a kind of task tried before that no attempt of the policy's own
    choosing has solved, `explore` of the attempts each start with a tool the loop picks
-   (distinct: the reference's first tool, where known, and a seeded draw of the others), so a
-   tool the policy never tries gets tried; with `demonstrate`, some attempts before them start
-   with the reference's whole first call, its arguments pinned, so an argument the policy
-   never writes (a path, a table's name) gets written and trained on where it leads to success;
+   (distinct: the reference's first tool, where known and not demonstrated, and a seeded draw
+   of the others), so a tool the policy never tries gets tried; with `demonstrate`, some
+   attempts before them start with the reference's whole first call, its arguments pinned, so
+   an argument the policy never writes (a path, a table's name) gets written and trained on
+   where it leads to success;
 2. judging: rewards from RULER, the scenarios' references, or both. A group whose rewards tie
    teaches nothing: another scenario is drawn in its place (dynamic sampling), until the step
    has `groups_per_step` informative groups or has drawn `oversample` times that many (with
@@ -133,8 +134,8 @@ class RunConfig(BaseModel):
         le=1.0,
         description="at a kind of task tried before and never solved by the policy's own "
         "choice, this share of a group's attempts start with a tool the loop picks (each a "
-        "different one: the reference's first tool where the task has reference calls, then "
-        "a seeded draw); 0 disables",
+        "different one: the reference's first tool where the task has reference calls and "
+        "no demonstration starts with it, then a seeded draw of the others); 0 disables",
     )
     demonstrate: int = Field(
         default=2,
@@ -878,7 +879,8 @@ class TrainingRun:
         its first draw), after the reference's first calls (`guided_calls`, drawn by the
         sampler); else as the policy chooses unless its kind is unsolved, and then each with a
         different tool the agent is offered (`explore`): the reference's first tool where the
-        scenario has reference calls, the others by a seeded draw."""
+        scenario has reference calls and no demonstration starts with it, the others by a
+        seeded draw."""
         rng = random.Random(seed)
         attempts = self.config.rollouts_per_group
         chain = scenario.reference.calls if scenario.reference is not None else []
@@ -901,10 +903,15 @@ class TrainingRun:
             shown = [self._demonstration(scenario, chain)] * n
         if share <= 0 or len(tools) < 2:
             return shown
-        k = min(len(tools), math.ceil(share * attempts), attempts - len(shown))
-        # the reference's first tool, where the scenario names one, is always among them: a
-        # random share of git's 7 tools left it out of 3 draws in 7
+        # the reference's first tool, where the scenario names one and no demonstration starts
+        # with it, is always among them: a random share of git's 7 tools left it out of 3 draws
+        # in 7. Beside demonstrations it is left out: its explored attempts write their own
+        # arguments, fail, and push the tool down where the demonstrations push it up (the
+        # catalog's "books by X", L144-L145)
         first = [chain[0].tool] if chain and chain[0].tool in tools else []
+        if shown:
+            tools, first = [t for t in tools if t not in first], []
+        k = min(len(tools), math.ceil(share * attempts), attempts - len(shown))
         first = first[:k]
         others = rng.sample([t for t in tools if t not in first], k - len(first))
         return shown + [{"first_tool": tool} for tool in first + others]
