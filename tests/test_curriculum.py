@@ -572,9 +572,10 @@ async def test_a_demonstration_pins_the_reference_call_the_policy_never_writes(
     tmp_path, demonstrate
 ):
     """The policy always writes (2, 3); the task needs add(4, 9). Exploring its tool cannot
-    solve it: the arguments are wrong. A demonstration makes the reference's first call, its
-    arguments pinned, and the policy answers from its result; the demonstrated attempts are
-    told apart, counted, and never count as the policy's own success."""
+    solve it: the arguments are wrong, so beside a demonstration only other tools are
+    explored. A demonstration makes the reference's first call, its arguments pinned, and the
+    policy answers from its result; the demonstrated attempts are told apart, counted, and
+    never count as the policy's own success."""
     call = ReferenceCall(tool="add", arguments={"a": 4, "b": 9})
     reference = Reference(answer="13", calls=[call])
     tasks = [Scenario(id=f"add{i}", task="Add 4 and 9.", difficulty=1, split="train",
@@ -608,6 +609,10 @@ async def test_a_demonstration_pins_the_reference_call_the_policy_never_writes(
     assert all(t.reward == 1.0 for t in pinned)
     assert all(t.reward < 1 for t in trajectories if t not in pinned)  # add(2, 3) at best
     assert f"{_plural_attempts(shown)} demonstrated" in said[-1]
+    # the explored attempt starts with another tool: one of `add`'s own would write (2, 3),
+    # fail, and push `add` down beside the demonstrations that push it up
+    explored = [t.metadata.get("first_tool") for t in trajectories if t not in pinned]
+    assert len([t for t in explored if t]) == 1 and "add" not in explored
 
 
 def _answers_after_one_call(body: dict) -> tuple[int, dict]:
