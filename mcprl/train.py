@@ -244,6 +244,14 @@ class RunConfig(BaseModel):
         description="the learning rate over the run: train.learning_rate at step 1, then "
         "constant, or decaying to 0 at `steps` along a line or a half cosine",
     )
+    lr_by_signal: bool = Field(
+        default=False,
+        description="scale each step's learning rate by the share of `groups_per_step` that "
+        "carried a signal (the groups trained): Adam moves every weight by about the learning "
+        "rate whatever the gradient, so one group's update is otherwise as large as a full "
+        "step's, and it moves the tool choice of every task that reads like that group's "
+        "(benchmarks/RESULTS.md, the catalog's first-tool probe)",
+    )
     write_report: bool = True
 
     @field_validator("judge_price", mode="before")
@@ -771,6 +779,8 @@ class TrainingRun:
         self.phase = "training"
         with _Bar(f"step {step} training", self.progress) as bar:
             lr = scheduled_lr(config.train.learning_rate, config.lr_schedule, step, config.steps)
+            if config.lr_by_signal and (trained := counts["groups_trained"]):
+                lr *= min(1.0, trained / config.groups_per_step)
             result = await self.model.train(
                 groups,
                 config.train.model_copy(

@@ -419,6 +419,33 @@ async def test_a_decaying_schedule_lowers_the_learning_rate_of_each_step(tmp_pat
     assert config.train.learning_rate == 2e-3  # the run's own setting is left as given
 
 
+@pytest.mark.anyio
+async def test_lr_by_signal_shrinks_a_step_where_few_groups_trained(tmp_path):
+    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "tv" else "train"
+
+    async def one_differs(group: TrajectoryGroup) -> list[float]:
+        n = len(group.trajectories)
+        return [0.0] * n if group.scenario_id == "tie0" else [float(i) for i in range(n)]
+
+    rates = {}
+    for by_signal in (False, True):
+        with LocalChatServer(_policy) as policy:
+            backend = FakeBackend(tmp_path / str(by_signal), policy.base_url)
+            config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1,
+                               eval_every=0, lr_schedule="constant", lr_by_signal=by_signal,
+                               write_report=False)  # fmt: skip
+            run = TrainingRun(config, load_example("calculator").server, backend,
+                              say=lambda _: None, progress=False, reward=one_differs)  # fmt: skip
+            await run.prepare(scenarios)
+            await run._step(_summary(run))
+        assert backend.rows[-1]["train/groups_trained"] == 1  # of the 2 the step asked for
+        rates[by_signal] = backend.configs[-1].learning_rate
+    assert rates[False] == pytest.approx(2e-3)
+    assert rates[True] == pytest.approx(1e-3)  # half the groups trained: half the step
+
+
 def test_learning_rate_schedules():
     from mcprl.train import scheduled_lr
 

@@ -237,6 +237,14 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
+        "--lr-by-signal",
+        "lr_by_signal",
+        "scale each step's learning rate by the share of --groups-per-step that trained (a "
+        "step where one group of four had a signal moves a quarter as far; see RESULTS.md)",
+        const=True,
+        group=TRAINING,
+    ),
+    Setting(
         "--loss",
         "train.loss",
         "policy loss: ppo (token-level clipped ratio), gspo (sequence-level ratio), cispo "
