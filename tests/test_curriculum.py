@@ -358,6 +358,14 @@ async def test_a_default_run_draws_each_task_of_a_kind_before_repeating_one(tmp_
     assert sorted(drawn) == ["mixed0", "mixed1", "mixed2"]  # each group differed, none repeated
 
 
+def _two_train_one_val() -> ScenarioSet:
+    """Train tasks tie0 and tie1, val task tv."""
+    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "tv" else "train"
+    return scenarios
+
+
 def _summary(run: TrainingRun):
     from mcprl.train import RunSummary
 
@@ -367,9 +375,7 @@ def _summary(run: TrainingRun):
 
 @pytest.mark.anyio
 async def test_a_run_trains_on_a_reward_function_of_the_users(tmp_path):
-    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
-    for s in scenarios.scenarios:
-        s.split = "val" if s.id == "tv" else "train"
+    scenarios = _two_train_one_val()
     calculator = load_example("calculator").server
 
     async def by_position(group: TrajectoryGroup) -> list[float]:
@@ -398,9 +404,7 @@ async def test_a_run_trains_on_a_reward_function_of_the_users(tmp_path):
 
 @pytest.mark.anyio
 async def test_a_decaying_schedule_lowers_the_learning_rate_of_each_step(tmp_path):
-    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
-    for s in scenarios.scenarios:
-        s.split = "val" if s.id == "tv" else "train"
+    scenarios = _two_train_one_val()
 
     async def by_position(group: TrajectoryGroup) -> list[float]:
         return [float(i) for i in range(len(group.trajectories))]
@@ -421,9 +425,7 @@ async def test_a_decaying_schedule_lowers_the_learning_rate_of_each_step(tmp_pat
 
 @pytest.mark.anyio
 async def test_lr_by_signal_shrinks_a_step_where_few_groups_trained(tmp_path):
-    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
-    for s in scenarios.scenarios:
-        s.split = "val" if s.id == "tv" else "train"
+    scenarios = _two_train_one_val()
 
     async def one_differs(group: TrajectoryGroup) -> list[float]:
         n = len(group.trajectories)
@@ -463,9 +465,8 @@ async def test_a_judge_given_to_the_run_is_the_one_that_ranks(tmp_path):
     from ruler import Judge
     from tests.helpers import ScriptedJudge, by_content
 
-    scenarios = ScenarioSet([_scenario(f"tie{i}") for i in range(2)] + [_scenario("tv")])
+    scenarios = _two_train_one_val()
     for s in scenarios.scenarios:
-        s.split = "val" if s.id == "tv" else "train"
         s.reference = None
     judge = Judge("openai/mine", completion_fn=ScriptedJudge("OK", by_content(len)), cache=False)
     with LocalChatServer(_policy) as policy:
