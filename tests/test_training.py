@@ -219,6 +219,8 @@ def test_positive_weight_shrinks_only_the_attempts_that_beat_their_group():
     weighted, _ = build_sequences([group], scale_rewards="none", positive_weight=0.1)
     assert [s.advantage for s in plain] == [0.625, 0.125, -0.375, -0.375]
     assert [s.advantage for s in weighted] == pytest.approx([0.0625, 0.0125, -0.375, -0.375])
+    losers, _ = build_sequences([group], scale_rewards="none", negative_weight=0.2)
+    assert [s.advantage for s in losers] == pytest.approx([0.625, 0.125, -0.075, -0.075])
 
 
 def test_positive_weight_outside_0_1_is_refused_by_name():
@@ -226,6 +228,10 @@ def test_positive_weight_outside_0_1_is_refused_by_name():
         TrainConfig(positive_weight=0)
     with pytest.raises(ValueError, match="positive_weight"):
         TrainConfig(positive_weight=2)
+    with pytest.raises(ValueError, match="negative_weight"):
+        TrainConfig(negative_weight=-0.1)
+    with pytest.raises(ValueError, match="adam_beta1"):
+        TrainConfig(adam_beta1=1)
 
 
 def test_micro_batches_respect_the_token_budget():
@@ -320,6 +326,34 @@ def test_updates_per_step_takes_one_optimizer_step_per_share_of_the_groups(base_
     for (good0, bad0), (good1, bad1) in zip(before, after, strict=True):
         assert good1 > good0 and bad1 < bad0  # each group's own update, then the other's
     assert metrics["abs_logprob_drift"] > 0  # the second update ran on a moved policy
+
+
+@pytest.mark.slow
+def test_without_momentum_a_step_follows_its_own_groups(base_path):
+    """Two steps that prefer opposite completions. With AdamW's default momentum the second
+    update is mostly the first one's direction, so the reversal barely moves; with
+    `adam_beta1=0` it moves back most of the way the first step moved forward."""
+    moved = {}
+    for beta1 in (0.9, 0.0):
+        trainer = LoraTrainer(base_path)
+        prompt = trainer.tokenizer.encode("Q: What is 6 times 7? A:")
+        good = trainer.tokenizer.encode(" 42.<|im_end|>")
+        bad = trainer.tokenizer.encode(" I like turtles.<|im_end|>")
+        config = TrainConfig(learning_rate=2e-3, adam_beta1=beta1)
+
+        def margin(trainer=trainer, prompt=prompt, good=good, bad=bad) -> float:
+            return _sequence_logprob(trainer, prompt, good) - _sequence_logprob(
+                trainer, prompt, bad
+            )
+
+        start = margin()
+        trainer.step([_on_policy_group(trainer, prompt, [good, bad], [1.0, 0.0])], config)
+        forward = margin() - start
+        trainer.step([_on_policy_group(trainer, prompt, [good, bad], [0.0, 1.0])], config)
+        moved[beta1] = (forward, margin() - start - forward)
+    forward, back = moved[0.0]
+    assert forward > 0 and back < -0.7 * forward, moved  # measured: 18.2 forward, 16.0 back
+    assert -0.8 * abs(back) < moved[0.9][1] < 0, moved  # measured: 10.2 back
 
 
 @pytest.mark.slow

@@ -279,6 +279,21 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
+        "--negative-weight",
+        "train.negative_weight",
+        "weight of the attempts below their group's mean, in [0, 1]: below 1, updates mostly "
+        "pull up what won, and push less of the probability freed by failures onto the "
+        "policy's likeliest choice (benchmarks/RESULTS.md)",
+        group=TRAINING,
+    ),
+    Setting(
+        "--adam-beta1",
+        "train.adam_beta1",
+        "AdamW's momentum across training steps (default {default}); 0: each update follows "
+        "its own step's groups alone",
+        group=TRAINING,
+    ),
+    Setting(
         "--call-credit",
         "train.call_credit",
         "credit per call: each turn also gets this weight x (made the reference call that was "

@@ -129,12 +129,14 @@ def build_sequences(
     groups: list[TrajectoryGroup],
     scale_rewards: ScaleRewards = "group",
     positive_weight: float = 1.0,
+    negative_weight: float = 1.0,
     informative: Informative = "reward",
     call_credit: float = 0.0,
 ) -> tuple[list[Sequence], BatchStats]:
     """Training sequences for every group with signal, and what was left out.
 
-    Positive advantages are multiplied by `positive_weight` (after scaling). A group that is
+    Positive advantages are multiplied by `positive_weight` and negative ones by
+    `negative_weight` (after scaling). A group that is
     not informative by `informative` (see `mcprl.curriculum.is_informative`) is skipped, and
     its rewards take no part in a batch's scale, unless `call_credit` gives its turns credit
     that differs (module docstring)."""
@@ -161,8 +163,7 @@ def build_sequences(
             continue
         index = stats.groups - stats.groups_skipped - 1
         for traj, adv, bonus in zip(usable, advantages, bonuses, strict=True):
-            if adv > 0:
-                adv *= positive_weight
+            adv *= positive_weight if adv > 0 else negative_weight
             for seq in _sequences_of(traj, adv, bonus):
                 seq.group = index
                 sequences.append(seq)

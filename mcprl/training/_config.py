@@ -49,6 +49,16 @@ class TrainConfig(BaseModel):
         "the probability it frees goes to the alternatives by their odds under the policy, "
         "instead of onto the one choice that won",
     )
+    negative_weight: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="weight of the attempts below their group's mean, in [0, 1]: a negative "
+        "gradient on an attempt the policy found unlikely raises every other choice by its "
+        "odds, so the policy's likeliest choice gains most, in this context and in others "
+        "that share its weights (the squeezing effect, Ren & Sutherland 2025); below 1, the "
+        "update is mostly the winners pulled up",
+    )
     old_logprobs: Literal["trainer", "sampler"] = Field(
         default="trainer",
         description="what the clipped ratio divides by: the trainer's own log-probabilities "
@@ -111,6 +121,13 @@ class TrainConfig(BaseModel):
         "gradient",
     )
     weight_decay: float = Field(default=0.0, ge=0)
+    adam_beta1: float = Field(
+        default=0.9,
+        ge=0,
+        lt=1,
+        description="AdamW's momentum across training steps: each step's update is this much "
+        "the earlier steps' directions (0: the update follows this step's groups alone)",
+    )
 
     @field_validator("scale_rewards", mode="before")
     @classmethod

@@ -120,6 +120,7 @@ class LoraTrainer:
             groups,
             scale_rewards=config.scale_rewards,
             positive_weight=config.positive_weight,
+            negative_weight=config.negative_weight,
             informative=config.informative,
             call_credit=config.call_credit,
         )
@@ -132,6 +133,7 @@ class LoraTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = config.learning_rate
             group["weight_decay"] = config.weight_decay
+            group["betas"] = (config.adam_beta1, group["betas"][1])
         loss_fn = LOSSES[config.loss](config.eps_low, config.eps_high)
         self.model.train()
         totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "abs_logprob_drift": 0.0}
