@@ -130,6 +130,37 @@ def _load(base: str, adapter: str | None, dtype: torch.dtype):
     return model
 
 
+def _winning_tool(group: TrajectoryGroup) -> str | None:
+    """The first tool of the group's best attempt."""
+    best = max(group.trajectories, key=lambda t: t.reward if t.reward is not None else -1.0)
+    for message in best.messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if calls:
+            return calls[0]["function"]["name"]
+    return None
+
+
+def _up_to_the_name(group: TrajectoryGroup, tok) -> TrajectoryGroup:
+    """The group with each attempt cut to its first call's opening and the name's first token
+    (`--only-name`): the update then comes from the choice of tool alone."""
+    out = []
+    for traj in group.trajectories:
+        first = traj.choices[0] if traj.choices else None
+        ids = first.token_ids if first is not None else None
+        cut = next(
+            (n for n in range(1, len(ids or ())) if tok.decode(ids[:n]).endswith('"name": "')),
+            None,
+        )
+        if cut is None:  # no call: nothing of a tool choice to train
+            out.append(traj.model_copy(update={"choices": []}))
+            continue
+        short = first.model_copy(
+            update={"token_ids": ids[: cut + 1], "logprobs": first.logprobs[: cut + 1]}
+        )
+        out.append(traj.model_copy(update={"choices": [short]}))
+    return group.model_copy(update={"trajectories": out})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, required=True, help="a run folder (its scenarios)")
@@ -137,6 +168,17 @@ def main() -> None:
     ap.add_argument("--replay", type=Path, help="a run whose training groups to train on")
     ap.add_argument("--set", action="append", default=[], help="train.FIELD=JSON")
     ap.add_argument("--lr-by-signal", action="store_true")
+    ap.add_argument(
+        "--only-name",
+        action="store_true",
+        help="train on each attempt's first call up to its name's first token, nothing after",
+    )
+    ap.add_argument(
+        "--contrast",
+        action="store_true",
+        help="hold a step's groups back until the held groups' winners start with two or more "
+        "different tools, then train on them together",
+    )
     ap.add_argument("--probe-at", default="3,4,6,10")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = ap.parse_args()
@@ -155,10 +197,19 @@ def main() -> None:
         train[key.removeprefix("train.")] = json.loads(value)
     trainer = LoraTrainer(base, LoraConfig(**config.lora.model_dump()), dtype="auto")
     at = {int(s) for s in args.probe_at.split(",")}
+    held: list[TrajectoryGroup] = []
     for step in range(1, config.steps + 1):
         path = args.replay / "trajectories" / "train" / f"{step:04d}.jsonl"
         groups = [TrajectoryGroup.model_validate_json(s) for s in path.read_text().splitlines()]
+        if args.only_name:
+            groups = [_up_to_the_name(g, probe.tok) for g in groups]
         lr = scheduled_lr(train["learning_rate"], config.lr_schedule, step, config.steps)
+        if args.contrast:
+            held += [g for g in groups if is_informative(g, train["informative"])]
+            if len({_winning_tool(g) for g in held}) < 2:
+                print(f"step {step}: {len(held)} groups held, no update", flush=True)
+                continue
+            groups, held = held, []
         signal = sum(is_informative(g, train["informative"]) for g in groups)
         if args.lr_by_signal and signal:
             lr *= min(1.0, signal / config.groups_per_step)
