@@ -1,7 +1,8 @@
 """Which tool does a model call first, task by task? The chance, not a sample.
 
     python benchmarks/first_tool_probe.py --run RUN_DIR [--adapter base|DIR ...]
-        [--replay RUN_DIR [--lr-by-signal] [--set train.FIELD=JSON ...] [--probe-at 3,4,6,10]]
+        [--replay RUN_DIR [--lr-by-signal] [--set train.FIELD=JSON ...] [--probe-at 3,4,6,10]
+         [--only-name] [--contrast]]
 
 For each one-call task among the run's scenarios (`scenarios.jsonl`), the probe writes the
 prompt an attempt's first turn sees (a stored first turn of the run, with the task swapped in:
@@ -18,7 +19,10 @@ new adapter on another run's stored training groups, step by step, as that run's
 (same groups, learning rate and schedule), with the settings changed by `--set` or
 `--lr-by-signal`, and probes it after the steps of `--probe-at`: off-policy (the groups are
 what the original policy sampled), so it screens a setting in minutes; learning is measured by
-`learning.py`. The catalog's first-tool collapse was found so (RESULTS.md).
+`learning.py`. `--only-name` trains on each attempt cut after its tool name's first token (the
+choice alone); `--contrast` holds the groups of a step back until the held groups' best
+attempts start with two or more different tools, then trains on them together. The catalog's
+first-tool collapse was found so (RESULTS.md).
 """
 
 from __future__ import annotations
