@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from mcprl.rewards import is_informative
+from mcprl.rewards import is_informative, made_calls
 from mcprl.serving import resolve_model
 from mcprl.train import RunConfig, scheduled_lr
 from mcprl.training import LoraConfig, LoraTrainer, TrainConfig
@@ -137,11 +137,8 @@ def _load(base: str, adapter: str | None, dtype: torch.dtype):
 def _winning_tool(group: TrajectoryGroup) -> str | None:
     """The first tool of the group's best attempt."""
     best = max(group.trajectories, key=lambda t: t.reward if t.reward is not None else -1.0)
-    for message in best.messages:
-        calls = message.get("tool_calls") if isinstance(message, dict) else None
-        if calls:
-            return calls[0]["function"]["name"]
-    return None
+    calls = made_calls(best)
+    return calls[0][0] if calls else None
 
 
 def _up_to_the_name(group: TrajectoryGroup, tok) -> TrajectoryGroup:

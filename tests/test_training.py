@@ -331,7 +331,7 @@ def test_updates_per_step_takes_one_optimizer_step_per_share_of_the_groups(base_
 @pytest.mark.slow
 def test_without_momentum_a_step_follows_its_own_groups(base_path):
     """Two steps that prefer opposite completions. With AdamW's default momentum the second
-    update is mostly the first one's direction, so the reversal barely moves; with
+    update still carries the first one's direction, so the reversal moves back less; with
     `adam_beta1=0` it moves back most of the way the first step moved forward."""
     moved = {}
     for beta1 in (0.9, 0.0):
