@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from mcprl.rewards import is_informative, made_calls
+from mcprl.rewards import is_informative, winning_tool
 from mcprl.serving import resolve_model
 from mcprl.train import RunConfig, scheduled_lr
 from mcprl.training import LoraConfig, LoraTrainer, TrainConfig
@@ -134,13 +134,6 @@ def _load(base: str, adapter: str | None, dtype: torch.dtype):
     return model
 
 
-def _winning_tool(group: TrajectoryGroup) -> str | None:
-    """The first tool of the group's best attempt."""
-    best = max(group.trajectories, key=lambda t: t.reward if t.reward is not None else -1.0)
-    calls = made_calls(best)
-    return calls[0][0] if calls else None
-
-
 def _up_to_the_name(group: TrajectoryGroup, tok) -> TrajectoryGroup:
     """The group with each attempt cut to its first call's opening and the name's first token
     (`--only-name`): the update then comes from the choice of tool alone."""
@@ -207,7 +200,7 @@ def main() -> None:
         lr = scheduled_lr(train["learning_rate"], config.lr_schedule, step, config.steps)
         if args.contrast:
             held += [g for g in groups if is_informative(g, train["informative"])]
-            if len({_winning_tool(g) for g in held}) < 2:
+            if len({winning_tool(g) for g in held}) < 2:
                 print(f"step {step}: {len(held)} groups held, no update", flush=True)
                 continue
             groups, held = held, []

@@ -55,6 +55,7 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
     dropped, explored = train("groups_dropped", 0), train("attempts_explored", 0)
     guided, hindsight = train("attempts_guided", 0), train("hindsight_added", 0)
     shown = train("attempts_demonstrated", 0)
+    released = train("groups_released", 0)
     success = row.get("train/success")
     own = ""
     if "train/own_attempts" in row:  # the loop started some attempts: what the model did alone
@@ -66,16 +67,29 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
         + f", {_plural(train('groups_trained', 0), 'group')} trained of "
         + f"{train('groups_drawn', 0):.0f} drawn ({train('groups_tied', 0):.0f} tied"
         + (f", {dropped:.0f} lost to the judge" if dropped else "")
+        + (f"; {released:.0f} held from earlier steps" if released else "")
         + ")"
         + (f", {_plural(shown, 'attempt')} demonstrated" if shown else "")
         + (f", {_plural(explored, 'attempt')} explored" if explored else "")
         + (f", {_plural(guided, 'attempt')} guided" if guided else "")
         + (f", {_plural(hindsight, 'hindsight task')} added" if hindsight else "")
-        + (f"; no update: {_NO_SIGNAL[informative]}" if train("skipped_update", 0) else "")
+        + _no_update(row, informative)
         + f" | rollouts {row.get('time/rollout_s', 0):.0f} s, "
         f"judge {row.get('time/judge_s', 0):.0f} s{_judging(row)}, "
         f"train {train('time_train_s', 0):.0f} s"
     )
+
+
+def _no_update(row: dict[str, Any], informative: Informative) -> str:
+    """Why a step made no update, where it made none."""
+    if not row.get("train/skipped_update"):
+        return ""
+    if held := row.get("train/groups_held"):
+        return (
+            f"; no update: {_plural(held, 'group')} held until they have won with two "
+            "different first tools (--contrast)"
+        )
+    return f"; no update: {_NO_SIGNAL[informative]}"
 
 
 def _judging(row: dict[str, Any]) -> str:

@@ -86,19 +86,30 @@ def _updates(rows: list[dict[str, Any]]) -> str:
     if not trained:
         return ""
     steps = sorted({r["step"] for r in rows if r.get("train/skipped_update")})
+    held = sorted({r["step"] for r in rows if r.get("train/groups_held")} & set(steps))
+    tied = [s for s in steps if s not in held]
     text = (
         f"<p><b>{len(trained) - len(steps)} of {len(trained)} step"
         f"{'' if len(trained) == 1 else 's'} updated the model.</b>"
     )
-    if steps:
-        listed = html.escape(", ".join(map(str, steps)))
+    if tied:
         text += (
-            f" No update at step{'s' if len(steps) > 1 else ''} {listed}: every group tied "
+            f" No update at {_steps(tied)}: every group tied "
             "(equal rewards or, with <code>informative: success</code>, no success beside a "
             "failure), so there was nothing to learn from (the adapter did not change; marked ✕ "
             "on the training reward plot)."
         )
+    if held:
+        text += (
+            f" No update at {_steps(held)}: <code>contrast</code> held the groups until they "
+            "had won with two different first tools; a later step trained them."
+        )
     return text + "</p>"
+
+
+def _steps(steps: list[int]) -> str:
+    """ "step 3" or "steps 3, 4" (escaped)."""
+    return f"step{'s' if len(steps) > 1 else ''} {html.escape(', '.join(map(str, steps)))}"
 
 
 def _settings(run_dir: Path, info: dict[str, Any]) -> str:
@@ -269,7 +280,7 @@ def _plots(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
                 s=80,
                 color="#c62828",
                 zorder=3,
-                label="no update (all tied)",
+                label="no update",
             )
         _legend(ax)
     ax.set(xlabel="step", ylabel="reward", title="Training reward")

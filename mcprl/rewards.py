@@ -93,6 +93,7 @@ __all__ = [
     "ruler_score_group",
     "scorer",
     "success_key",
+    "winning_tool",
 ]
 
 logger = logging.getLogger(__name__)
@@ -244,6 +245,16 @@ def made_calls(trajectory: Trajectory) -> _Calls:
             )
             calls.append((c["function"]["name"], args, text if ok else None))
     return calls
+
+
+def winning_tool(group: TrajectoryGroup) -> str | None:
+    """The tool that the group's best-rewarded attempt called first (None: it called none, or
+    no attempt was scored)."""
+    scored = [t for t in group.trajectories if t.reward is not None]
+    if not scored:
+        return None
+    calls = made_calls(max(scored, key=lambda t: t.reward))
+    return calls[0][0] if calls else None
 
 
 def calls_matched(trajectory: Trajectory, reference: Reference, tool_only: float = 0.0) -> float:

@@ -47,6 +47,7 @@ into `workdir`) subscribe to them; `mcprl train` attaches all three as its setti
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -76,7 +77,7 @@ from mcprl.errors import JudgeFailedError, PreflightError, UsageError
 from mcprl.hindsight import hindsight_tasks
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
 from mcprl.model import TrainableModel, policy_client
-from mcprl.rewards import ReferenceReward, Reward, RewardFn
+from mcprl.rewards import ReferenceReward, Reward, RewardFn, winning_tool
 from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet, hidden_writers
 from mcprl.tokens import check_token_data
@@ -252,6 +253,16 @@ class RunConfig(BaseModel):
         "step's, and it moves the tool choice of every task that reads like that group's "
         "(benchmarks/RESULTS.md, the catalog's first-tool probe)",
     )
+    contrast: int = Field(
+        default=0,
+        ge=0,
+        description="hold a step's informative groups back, without an update, until the "
+        "groups held have winners that start with two or more different tools, then train on "
+        "them together: an update from groups that all won with one tool moves that tool's "
+        "prior for every task alike (benchmarks/RESULTS.md, 'What moves the first tool'). "
+        "At most this many steps in a row hold; the last step, and a server that offers one "
+        "tool, never hold. 0 disables",
+    )
     write_report: bool = True
 
     @field_validator("judge_price", mode="before")
@@ -306,6 +317,9 @@ class RunSummary(BaseModel):
     final_step: int | None = None
     times: dict[str, float] = Field(default_factory=dict)
     steps_without_update: int = Field(default=0, description="every group tied: nothing learned")
+    steps_held: int = Field(
+        default=0, description="no update: `contrast` held the groups for a later step"
+    )
     training: dict[str, float] = Field(
         default_factory=dict,
         description="this run's training attempts, summed over its steps: successes of "
@@ -418,6 +432,8 @@ class TrainingRun:
         self._stop = False
         self._dropped: list[Exception] = []  # judge failures since the phase began
         self.hindsight: list[Scenario] = []  # tasks added from failed attempts' chains
+        self.held: list[TrajectoryGroup] = []  # informative groups `contrast` holds back
+        self._held_steps = 0  # steps in a row that held them
         # what the judge spent: before this start (a resumed run), at the start, at the last row
         self._spent_before: dict[str, float] = {}
         self._spent_seen = self._spent_start = Usage()
@@ -636,6 +652,10 @@ class TrainingRun:
             self.model, "run_config.json", self.config.model_dump_json(indent=2)
         )
         self.rows = await self.backend.history(self.model)
+        if config.contrast and (held := await self.backend.read_file(self.model, HELD_FILE)):
+            state = json.loads(held)
+            self.held = [TrajectoryGroup.model_validate(g) for g in state["groups"]]
+            self._held_steps = state["steps"]
         self._spent_before = _spent_so_far(self.rows)  # a resumed run's earlier judging
         # a Judge passed in may have spent before this run
         self._spent_seen = self._spent_start = (
@@ -766,6 +786,7 @@ class TrainingRun:
         groups, counts, times = await self._draw_groups(step)
         if config.hindsight:
             counts["hindsight_added"] = float(await self._add_hindsight(step, groups))
+        training = await self._hold(groups, step, counts) if config.contrast else groups
         await self._emit(GroupsDrawn(self, step, groups, counts))
         dropped = int(counts["groups_dropped"])
         self._check_judge(dropped, int(counts["groups_drawn"]), f"step {step}")
@@ -782,7 +803,7 @@ class TrainingRun:
             if config.lr_by_signal and (trained := counts["groups_trained"]):
                 lr *= min(1.0, trained / config.groups_per_step)
             result = await self.model.train(
-                groups,
+                training,
                 config.train.model_copy(
                     update={"learning_rate": lr, "informative": self.informative}
                 ),
@@ -801,8 +822,45 @@ class TrainingRun:
                 summary.training[k] = summary.training.get(k, 0.0) + v
         for k, v in times.items():
             summary.times[k] = summary.times.get(k, 0.0) + v
-        if m.get("skipped_update"):
+        if m.get("skipped_update") and counts.get("groups_held"):
+            summary.steps_held += 1
+        elif m.get("skipped_update"):
             summary.steps_without_update += 1
+
+    async def _hold(
+        self, groups: list[TrajectoryGroup], step: int, counts: dict[str, float]
+    ) -> list[TrajectoryGroup]:
+        """What step `step` trains on under `contrast`: its tied groups alone (no update) while
+        every informative group held so far, its own included, won with the same first tool;
+        else those held groups and its own together. Updates `counts` (`groups_trained`,
+        `groups_held`: held back at this step, `groups_released`: trained here after being
+        held) and keeps the held groups with the run."""
+        fresh = [g for g in groups if is_informative(g, self.informative)]
+        tied = [g for g in groups if not is_informative(g, self.informative)]
+        earlier = len(self.held)
+        self.held += fresh
+        if not self.held:
+            return groups
+        hidden = set(self.config.rollout.hidden_tools)
+        offered = [t for t in (self.info.tools if self.info else []) if t.name not in hidden]
+        release = (
+            len({winning_tool(g) for g in self.held}) >= 2
+            or self._held_steps >= self.config.contrast
+            or step >= self.config.steps
+            or (self.info is not None and len(offered) <= 1)
+        )
+        if release:
+            training, self.held, self._held_steps = self.held + tied, [], 0
+            counts["groups_trained"] = float(len(training) - len(tied))
+            counts["groups_released"] = float(earlier)
+        else:
+            training, self._held_steps = tied, self._held_steps + 1
+            counts["groups_trained"] = 0.0
+            counts["groups_held"] = float(len(self.held))
+        held = [g.model_dump(mode="json") for g in self.held]
+        state = {"steps": self._held_steps, "groups": held}
+        await self.backend.write_file(self.model, HELD_FILE, json.dumps(state))
+        return training
 
     async def _draw_groups(
         self, step: int
@@ -1023,6 +1081,7 @@ def local_judge(
 # where a step's row (`judge/…`) and an evaluation's (`val/judge_…`) record the judge's spending
 _COST_KEYS = ("judge/cost_usd", "val/judge_cost_usd")
 HINDSIGHT_FILE = "hindsight.jsonl"  # a run's hindsight tasks, kept with it
+HELD_FILE = "held_groups.json"  # the groups `contrast` holds, so that a resumed run keeps them
 
 
 def _spent_so_far(rows: list[dict[str, Any]]) -> dict[str, float]:

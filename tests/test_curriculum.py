@@ -13,6 +13,7 @@ import pytest
 from mcprl.cli._display import _own_attempts
 from mcprl.console import Console
 from mcprl.curriculum import ScenarioSampler, is_informative
+from mcprl.report import write_report
 from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
 from mcprl.types import Trajectory, TrajectoryGroup
@@ -939,3 +940,105 @@ async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_pa
             assert json.loads(t.metadata["first_arguments"]) == {"a": 5, "b": 4}
             assert [c.message_index for c in t.choices] == [4, 6]  # the pinned call is trained
     assert f"{2 - demonstrate} attempt{'s' if demonstrate == 0 else ''} guided" in said[-1]
+
+
+def _calls_then_answers(tool: dict[str, str]):
+    """A policy that calls `tool["name"]` with 2 and 3 and then answers 5."""
+
+    def policy(body: dict) -> tuple[int, dict]:
+        called = any(m["role"] == "tool" for m in body["messages"])
+        name, args = (
+            ("complete_task", {"answer": 5}) if called else (tool["name"], {"a": 2, "b": 3})
+        )
+        call = {"id": f"c{len(body['messages'])}", "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)}}  # fmt: skip
+        logprobs = {"model_logprobs": [-0.5, -0.5], "token_logprobs": [-0.5, -0.5]}
+        choice = {"index": 0, "finish_reason": "tool_calls", "token_ids": [1, 2],
+                  "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                  "prompt_token_ids": [3], "mcprl": logprobs}  # fmt: skip
+        return 200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                     "choices": [choice]}  # fmt: skip
+
+    return policy
+
+
+async def _by_position(group: TrajectoryGroup) -> list[float]:
+    return [float(i) for i in range(len(group.trajectories))]
+
+
+def _first_tools(groups: list[TrajectoryGroup]) -> list[str]:
+    from mcprl.rewards import winning_tool
+
+    return [winning_tool(g) for g in groups if is_informative(g)]
+
+
+@pytest.mark.anyio
+async def test_contrast_holds_groups_until_two_first_tools_have_won(tmp_path):
+    """A step whose groups all won with `add` makes no update and keeps them; the next step,
+    won with `multiply`, trains both steps' groups at once."""
+    tool = {"name": "add"}
+    said: list[str] = []
+    with LocalChatServer(_calls_then_answers(tool)) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=4, groups_per_step=1, rollouts_per_group=2, oversample=1,
+                           eval_every=0, contrast=3, write_report=False)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False, reward=_by_position,
+                          observers=[Console(said.append)])  # fmt: skip
+        await run.prepare(_two_train_one_val())
+        summary = _summary(run)
+        await run._step(summary)
+        assert _first_tools(backend.trained[-1]) == []  # held: nothing to train on
+        assert (summary.steps_held, summary.steps_without_update) == (1, 0)
+        assert backend.rows[-1]["train/groups_held"] == 1
+        assert (
+            "no update: 1 group held until they have won with two different first tools" in said[-1]
+        )
+        tool["name"] = "multiply"
+        await run._step(_summary(run))
+    assert _first_tools(backend.trained[-1]) == ["add", "multiply"]
+    assert backend.rows[-1]["train/groups_trained"] == 2
+    assert backend.rows[-1]["train/groups_released"] == 1
+    assert "2 groups trained of 1 drawn (0 tied; 1 held from earlier steps)" in said[-1]
+    assert run.held == []
+
+
+@pytest.mark.anyio
+async def test_contrast_lets_go_after_its_steps_and_at_the_last_step(tmp_path):
+    """One tool only ever wins: `contrast=1` trains the held group with the next step's, and
+    the run's last step trains what it holds."""
+    with LocalChatServer(_calls_then_answers({"name": "add"})) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=3, groups_per_step=1, rollouts_per_group=2, oversample=1,
+                           eval_every=0, contrast=1, write_report=False)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False, reward=_by_position)  # fmt: skip
+        await run.prepare(_two_train_one_val())
+        trained = []
+        for _ in range(3):
+            await run._step(_summary(run))
+            trained.append(len(_first_tools(backend.trained[-1])))
+    assert trained == [0, 2, 1]  # held; its held step spent, trained with step 2's; the last
+
+
+@pytest.mark.anyio
+async def test_a_resumed_run_trains_the_groups_it_held_before_it_stopped(tmp_path):
+    tool = {"name": "add"}
+    with LocalChatServer(_calls_then_answers(tool)) as policy:
+        backend = FakeBackend(tmp_path, policy.base_url)
+        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=2, oversample=1,
+                           eval_every=0, contrast=3, write_report=False)  # fmt: skip
+        server = load_example("calculator").server
+        run = TrainingRun(config, server, backend, say=lambda _: None, progress=False,
+                          reward=_by_position)  # fmt: skip
+        await run.prepare(_two_train_one_val())
+        await run._step(_summary(run))  # held; then the process stops
+        tool["name"] = "multiply"
+        again = TrainingRun(config, server, backend, say=lambda _: None, progress=False,
+                            reward=_by_position)  # fmt: skip
+        await again.prepare(_two_train_one_val())
+        await again.run()
+    assert _first_tools(backend.trained[-1]) == ["add", "multiply"]
+    report = write_report(again.run_dir).read_text()
+    assert "1 of 2 steps updated the model." in report
+    assert "No update at step 1: <code>contrast</code> held the groups" in report

@@ -46,6 +46,7 @@ __all__ = [
 RUN_FILES = (
     "scenarios.jsonl",
     "hindsight.jsonl",
+    "held_groups.json",
     "run_config.json",
     "task.txt",
     "system_prompt.txt",

@@ -149,13 +149,18 @@ def print_summary(summary: Any, again: str) -> None:
         if chains := describe_chains(metrics):
             print(f"  by calls needed, step {step}: {chains}")
     if done:
-        updated = done - summary.steps_without_update
+        updated = done - summary.steps_without_update - summary.steps_held
         print(
             f"  {updated} of {done} step{'' if done == 1 else 's'} updated the model"
             + (
                 f"; in {summary.steps_without_update} every group tied, so nothing was learned "
                 "from them"
                 if summary.steps_without_update
+                else ""
+            )
+            + (
+                f"; {summary.steps_held} held their groups for a later step (--contrast)"
+                if summary.steps_held
                 else ""
             )
         )

@@ -245,6 +245,16 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
+        "--contrast",
+        "contrast",
+        "hold a step's groups back, with no update, until the groups held won with two or "
+        "more different first tools, then train on them together (at most N steps in a row "
+        "hold; see RESULTS.md, 'What moves the first tool')",
+        "0: off",
+        metavar="N",
+        group=TRAINING,
+    ),
+    Setting(
         "--loss",
         "train.loss",
         "policy loss: ppo (token-level clipped ratio), gspo (sequence-level ratio), cispo "
