@@ -86,8 +86,8 @@ def _no_update(row: dict[str, Any], informative: Informative) -> str:
         return ""
     if held := row.get("train/groups_held"):
         return (
-            f"; no update: {_plural(held, 'group')} held until they have won with two "
-            "different first tools (--contrast)"
+            f"; no update: {_plural(held, 'group')} held until the held groups' best "
+            "attempts start with two different tools (--contrast)"
         )
     return f"; no update: {_NO_SIGNAL[informative]}"
 

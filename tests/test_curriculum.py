@@ -991,9 +991,7 @@ async def test_contrast_holds_groups_until_two_first_tools_have_won(tmp_path):
         assert _first_tools(backend.trained[-1]) == []  # held: nothing to train on
         assert (summary.steps_held, summary.steps_without_update) == (1, 0)
         assert backend.rows[-1]["train/groups_held"] == 1
-        assert (
-            "no update: 1 group held until they have won with two different first tools" in said[-1]
-        )
+        assert "no update: 1 group held until the held groups' best attempts start" in said[-1]
         tool["name"] = "multiply"
         await run._step(_summary(run))
     assert _first_tools(backend.trained[-1]) == ["add", "multiply"]
