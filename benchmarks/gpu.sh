@@ -9,6 +9,8 @@
 # learning.json, history.jsonl). A stage that runs out of time is cut off and the next one runs.
 # Limits (seconds) can be set by ENGINE_S, TESTS_S, TRAINING_S and LEARNING_S; LEARNING_ARGS adds
 # flags to benchmarks/learning.py (for example "--seeds 2").
+# On a lent machine with no package registry, benchmarks/gpu_carry.sh packs the wheels and the
+# model to carry there, and prints the calls that run this script.
 set -u
 out=${1:?usage: gpu.sh OUT_DIR [STAGE...]}
 shift
