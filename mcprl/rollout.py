@@ -34,6 +34,10 @@ Five defaults make the loop finishable by a small model (`RolloutConfig`, all sw
   tokens are the model's own and are trained on (`RunConfig.demonstrate`); `next_calls` pins
   the calls after it in turn (the reference's whole chain, `RunConfig.demonstrate_calls`), and
   `pinned_answer` the `complete_task` after them (`RunConfig.demonstrate_answer`);
+- `retry_repeats` (off here; the training loop's default is `RunConfig.retry_repeats`): a
+  reply that repeats a call the attempt made already, tool and arguments alike, is asked for
+  again with another seed, so a turn a small model would spend re-reading a result it has
+  goes to some other call;
 - `results_as="json"`: a tool result whose structured content says the same as its text is shown
   as that JSON (`{"result": -160.0}`, not `-160`), the form the model writes `complete_task`'s
   arguments in, so a copied value keeps its spelling: in `"answer": -160` the sign is the token
@@ -263,6 +267,15 @@ class RolloutConfig(BaseModel):
         "after the pinned calls (mcprl's engine), written as complete_task's schema types it: "
         "a demonstration of the whole attempt, the reference's calls and its answer",
     )
+    retry_repeats: int = Field(
+        default=0,
+        ge=0,
+        description="when a turn's reply repeats a call the attempt made already (the same "
+        "tool with the same arguments), ask the policy again for that turn, each time with "
+        "another seed, up to this many times; a reply that still repeats stands. Only the "
+        "reply kept is part of the attempt (and trained on). The training loop sets it on its "
+        "attempts (`RunConfig.retry_repeats`); 0: off",
+    )
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -318,6 +331,8 @@ async def rollout(
     started = time.perf_counter()
     traj = Trajectory(metadata={"scenario_id": scenario.id, "model": served})
     metrics = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "completed": 0, "ran_out_of_turns": 0}
+    if config.retry_repeats:
+        metrics["repeats_retried"] = 0
     if isinstance(server, MCPSession) and not scenario.elicitation:
         opened: Any = contextlib.nullcontext(server)  # shared by the attempts of a collection
     else:  # a session of its own (where the scenario scripts answers to the server's questions)
@@ -380,6 +395,20 @@ async def rollout(
         for turn in range(config.max_turns):
             t0 = time.perf_counter()
             response = await _complete(client, served, traj, config, turn, _trainable(model))
+            retry = 0
+            while (
+                response is not None
+                and retry < config.retry_repeats
+                and _repeats_call(traj, response)
+                and not _pinned_turn(config, turn)
+            ):
+                retry += 1
+                response = await _complete(
+                    client, served, traj, config, turn, _trainable(model), retry=retry
+                )
+            if retry:
+                metrics["repeats_retried"] += retry
+                traj.log(f"turn {turn + 1}: asked again {retry} time(s) for a repeated call")
             traj.timings["generate_s"] = traj.timings.get("generate_s", 0.0) + (
                 time.perf_counter() - t0
             )
@@ -573,6 +602,34 @@ def _pinned_answer(traj: Trajectory, answer: str) -> dict[str, Any]:
     return {"name": COMPLETE_TASK, "arguments": {key: value}}
 
 
+def _call_key(name: str, raw: str) -> tuple[str, str]:
+    """A call as (tool, its arguments in one canonical spelling)."""
+    try:
+        args = json.loads(raw) if raw and raw.strip() else {}
+    except json.JSONDecodeError:
+        return name, raw
+    return name, json.dumps(args, sort_keys=True)
+
+
+def _repeats_call(traj: Trajectory, response: Any) -> bool:
+    """Whether the reply calls a tool (not complete_task) with the same arguments as a call
+    already in the attempt (its own, or one made or pinned for it)."""
+    made = {
+        _call_key(c["function"]["name"], c["function"]["arguments"])
+        for m in traj.messages
+        if m.get("role") == "assistant"
+        for c in m.get("tool_calls") or []
+    }
+    calls = response.choices[0].message.tool_calls or []
+    keys = [_call_key(c.function.name, c.function.arguments) for c in calls]
+    return any(name != COMPLETE_TASK and (name, args) in made for name, args in keys)
+
+
+def _pinned_turn(config: RolloutConfig, turn: int) -> bool:
+    """Whether this turn's call is pinned by the loop (a demonstration's), not the policy's."""
+    return config.first_arguments is not None and turn <= len(config.next_calls)
+
+
 def _trainable(model: Policy) -> bool:
     return bool(getattr(model, "wants_token_data", False))
 
@@ -584,8 +641,11 @@ async def _complete(
     config: RolloutConfig,
     turn: int,
     trainable: bool = False,
+    *,
+    retry: int = 0,
 ):
-    """One completion; a trainable model's endpoint is asked for token ids and log-probs."""
+    """One completion; a trainable model's endpoint is asked for token ids and log-probs.
+    `retry`: the how-manieth request for this turn (each with its own seed)."""
     import openai
 
     kwargs: dict[str, Any] = {
@@ -599,7 +659,8 @@ async def _complete(
     if traj.tools:
         kwargs.update(tools=traj.tools, tool_choice=_tool_choice(traj, config, turn))
     if config.seed is not None:
-        kwargs["seed"] = config.seed + turn
+        # an attempt's seeds are SEED_STRIDE (1000) apart: turns and retries stay inside
+        kwargs["seed"] = config.seed + turn + 100 * retry
     if trainable:
         kwargs["logprobs"] = TOKEN_REQUEST["logprobs"]
     extra = {**(TOKEN_REQUEST["extra_body"] if trainable else {}), **config.extra_body}

@@ -187,6 +187,14 @@ class RunConfig(BaseModel):
         "pool: a failed attempt's chain of 2+ calls, relabelled as the task it solved "
         "(`mcprl.hindsight`); 0 disables",
     )
+    retry_repeats: int = Field(
+        default=0,
+        ge=0,
+        description="in training attempts, a reply that repeats a call the attempt made "
+        "already (the same tool and arguments) is asked for again, with another seed, up to "
+        "this many times (`RolloutConfig.retry_repeats`): the turn goes to some other call. "
+        "Evaluations keep the policy's own replies. 0 disables",
+    )
     reward: RewardMode = "auto"
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
     judge: str | None = Field(default=None, description="LiteLLM model; None: see module doc")
@@ -902,7 +910,12 @@ class TrainingRun:
                 for st in start:
                     helped[_help_kind(st)] += 1
             groups = await self._collect(
-                batch, config.rollouts_per_group, seed, f"step {step} rollouts{again}", starts
+                batch,
+                config.rollouts_per_group,
+                seed,
+                f"step {step} rollouts{again}",
+                starts,
+                self._training_rollout(),
             )
             t1 = time.perf_counter()
             groups = await score_groups(
@@ -1009,6 +1022,12 @@ class TrainingRun:
             start["pinned_answer"] = answer
         return start
 
+    def _training_rollout(self) -> RolloutConfig:
+        """The agent loop of training attempts: the run's, with `retry_repeats`."""
+        rollout = self.config.rollout
+        retries = max(self.config.retry_repeats, rollout.retry_repeats)
+        return rollout.model_copy(update={"retry_repeats": retries})
+
     async def _collect(
         self,
         scenarios: list[Scenario],
@@ -1016,12 +1035,13 @@ class TrainingRun:
         seed: int,
         desc: str,
         starts: list[list[dict[str, Any]]] | None = None,
+        rollout: RolloutConfig | None = None,
     ):
         return await collect_groups(
             self.model,
             scenarios,
             self.server,
-            self.config.rollout,
+            rollout or self.config.rollout,
             attempts=attempts,
             seed=seed,
             max_concurrency=self.config.max_concurrency,

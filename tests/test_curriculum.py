@@ -1040,3 +1040,46 @@ async def test_a_resumed_run_trains_the_groups_it_held_before_it_stopped(tmp_pat
     report = write_report(again.run_dir).read_text()
     assert "1 of 2 steps updated the model." in report
     assert "No update at step 1: <code>contrast</code> held the groups" in report
+
+
+def _repeats_its_first_call_unless_asked_again(body: dict) -> tuple[int, dict]:
+    """add(2, 3); then, asked once (a seed in the attempt's first 100), that call again, and
+    asked again (another seed) multiply(5, 4); then answers with its last result."""
+    status, reply = _policy(body)
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    results = [json.loads(m["content"])["result"] for m in body["messages"] if m["role"] == "tool"]
+    if not results:
+        call["name"], call["arguments"] = "add", json.dumps({"a": 2, "b": 3})
+    elif len(results) == 1 and body["tool_choice"] != {
+        "type": "function",
+        "function": {"name": "complete_task"},
+    }:
+        again = body["seed"] % 1000 >= 100
+        call["name"] = "multiply" if again else "add"
+        call["arguments"] = json.dumps({"a": 5, "b": 4} if again else {"a": 2, "b": 3})
+    else:
+        call["arguments"] = json.dumps({"answer": results[-1]})
+    return status, reply
+
+
+@pytest.mark.anyio
+async def test_retry_repeats_asks_training_attempts_again_and_leaves_evaluations_alone(tmp_path):
+    scenarios = ScenarioSet([_chain("c0"), _chain("val")])
+    scenarios.scenarios[-1].split = "val"
+    with LocalChatServer(_repeats_its_first_call_unless_asked_again) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
+                           eval_every=0, reward="reference", write_report=False,
+                           explore=0, demonstrate=0, retry_repeats=1)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+        await run._evaluate(summary)
+    (group,) = backend.trained[0]
+    assert [t.reward for t in group.trajectories] == [1.0, 1.0]  # each asked again, solved
+    assert all(t.metrics["repeats_retried"] == 1 for t in group.trajectories)
+    history = [json.loads(line) for line in (run.run_dir / "history.jsonl").open()]
+    val = next(r for r in history if "val/success" in r)
+    assert val["val/success"] == 0.0  # the policy's own replies: it repeats add(2, 3)

@@ -404,6 +404,38 @@ async def test_a_first_tool_names_the_first_turns_call_and_no_other(calculator):
         await rollout(MODEL, SCENARIO, calculator, bad, client=ScriptedPolicy(policy.script[0]))
 
 
+async def test_a_repeated_call_is_asked_for_again_with_another_seed_and_only_the_kept_reply_counts(
+    calculator,
+):
+    chain = SCENARIO.model_copy(update={"reference": Reference(answer="1764", calls=[
+        ReferenceCall(tool="multiply", arguments={"a": 6, "b": 7}),
+        ReferenceCall(tool="multiply", arguments={"a": 42, "b": 42}),
+    ])})  # fmt: skip
+    script = (
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("multiply", '{"b": 7, "a": 6}')),  # the same call, spelled otherwise
+        reply(call("multiply", {"a": 42, "b": 42})),
+        reply(call("complete_task", {"answer": 1764.0})),
+    )
+    policy = ScriptedPolicy(*script)
+    config = RolloutConfig(retry_repeats=2, seed=5000)
+    t = await rollout(MODEL, chain, calculator, config, client=policy)
+    assert [r["seed"] for r in policy.requests] == [5000, 5001, 5101, 5002]
+    made = [c["function"]["arguments"] for m in t.messages for c in m.get("tool_calls") or []]
+    assert made[:2] == ['{"a": 6, "b": 7}', '{"a": 42, "b": 42}']  # the repeat is not in it
+    assert len(t.choices) == 3 and reference_reward(t, chain) == 1.0
+    assert t.metrics["repeats_retried"] == 1
+
+    # a reply that repeats after every retry stands; off (the default), no reply is retried
+    stuck = ScriptedPolicy(script[0], script[1], script[1], script[1], script[3])
+    t = await rollout(MODEL, chain, calculator, config, client=stuck)
+    assert len(stuck.requests) == 5 and t.metrics["repeats_retried"] == 2
+    assert t.metrics["tool_calls"] == 3  # multiply twice (the repeat ran), complete_task
+    off = ScriptedPolicy(*script)
+    t = await rollout(MODEL, chain, calculator, RolloutConfig(seed=5000), client=off)
+    assert len(off.requests) == 3 and "repeats_retried" not in t.metrics
+
+
 async def test_first_arguments_pin_the_first_call_and_mark_the_attempt_demonstrated(calculator):
     policy = ScriptedPolicy(
         reply(call("multiply", {"a": 6, "b": 7})),

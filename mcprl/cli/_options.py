@@ -188,6 +188,13 @@ RUN = [
         "after each step, add at most this many tasks that a failed attempt's chain of 2+ "
         "calls solved, relabelled as such (default {default}: off; see RESULTS.md)",
     ),
+    Setting(
+        "--retry-repeats",
+        "retry_repeats",
+        "in training attempts, ask again (another seed, up to N times) for a reply that "
+        "repeats a call the attempt made already, same tool and arguments (default "
+        "{default}: off; see RESULTS.md)",
+    ),
     *(s.within("rollout") for s in ROLLOUT),
     Setting(
         "--reward",
