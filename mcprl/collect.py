@@ -188,6 +188,7 @@ _MEANS = (
     "reward_calls",
     "reward_reported",
     "repeated_calls",
+    "repeats_retried",
     "guessed_answer",
 )
 

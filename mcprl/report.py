@@ -67,6 +67,7 @@ _PARTS = [
     ("train/reward_calls", "reference calls made"),
     ("train/reward_reported", "answer is a tool result"),
     ("train/repeated_calls", "repeated calls"),
+    ("train/repeats_retried", "repeats asked again (--retry-repeats)"),
     ("train/guessed_answer", "right answer without the needed calls"),
 ]
 

@@ -1081,5 +1081,6 @@ async def test_retry_repeats_asks_training_attempts_again_and_leaves_evaluations
     assert [t.reward for t in group.trajectories] == [1.0, 1.0]  # each asked again, solved
     assert all(t.metrics["repeats_retried"] == 1 for t in group.trajectories)
     history = [json.loads(line) for line in (run.run_dir / "history.jsonl").open()]
+    assert next(r for r in history if "train/success" in r)["train/repeats_retried"] == 1.0
     val = next(r for r in history if "val/success" in r)
     assert val["val/success"] == 0.0  # the policy's own replies: it repeats add(2, 3)
