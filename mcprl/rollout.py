@@ -270,6 +270,7 @@ class RolloutConfig(BaseModel):
     retry_repeats: int = Field(
         default=0,
         ge=0,
+        le=9,  # turn + 100 x retry stays inside an attempt's SEED_STRIDE (1000) of seeds
         description="when a turn's reply repeats a call the attempt made already (the same "
         "tool with the same arguments), ask the policy again for that turn, each time with "
         "another seed, up to this many times; a reply that still repeats stands. Only the "

@@ -190,6 +190,7 @@ class RunConfig(BaseModel):
     retry_repeats: int = Field(
         default=0,
         ge=0,
+        le=9,
         description="in training attempts, a reply that repeats a call the attempt made "
         "already (the same tool and arguments) is asked for again, with another seed, up to "
         "this many times (`RolloutConfig.retry_repeats`): the turn goes to some other call. "

@@ -434,6 +434,8 @@ async def test_a_repeated_call_is_asked_for_again_with_another_seed_and_only_the
     off = ScriptedPolicy(*script)
     t = await rollout(MODEL, chain, calculator, RolloutConfig(seed=5000), client=off)
     assert len(off.requests) == 3 and "repeats_retried" not in t.metrics
+    with pytest.raises(ValueError, match="retry_repeats"):
+        RolloutConfig(retry_repeats=10)  # its seeds would meet the next attempt's
 
 
 async def test_first_arguments_pin_the_first_call_and_mark_the_attempt_demonstrated(calculator):
