@@ -80,6 +80,7 @@ __all__ = [
     "RewardParts",
     "answer_matches",
     "as_scorer",
+    "call_key",
     "call_turns",
     "calls_matched",
     "is_informative",
@@ -389,10 +390,16 @@ def _empty(text: str) -> bool:
         return not text.strip()
 
 
+def call_key(name: str, args: Any) -> tuple[str, str]:
+    """A call as (tool, its arguments in one canonical spelling): two calls are the same call,
+    a repeat, when their keys are equal (here and in the agent loop's `retry_repeats`)."""
+    return name, json.dumps(args, sort_keys=True)
+
+
 def _repeats(calls: _Calls) -> int:
     seen, repeats = set(), 0
     for name, args, _ in calls:
-        key = (name, json.dumps(args, sort_keys=True))
+        key = call_key(name, args)
         repeats += key in seen
         seen.add(key)
     return repeats

@@ -74,7 +74,7 @@ from mcprl.mcp import (
     tool_info,
 )
 from mcprl.policy import Policy, policy_client
-from mcprl.rewards import polarity
+from mcprl.rewards import call_key, polarity
 from mcprl.scenarios import AnswerType, Scenario
 from mcprl.tokens import TOKEN_REQUEST, read_choice
 from mcprl.types import Trajectory
@@ -604,12 +604,12 @@ def _pinned_answer(traj: Trajectory, answer: str) -> dict[str, Any]:
 
 
 def _call_key(name: str, raw: str) -> tuple[str, str]:
-    """A call as (tool, its arguments in one canonical spelling)."""
+    """`call_key` of a call as the model wrote it (arguments that are not JSON: as written)."""
     try:
         args = json.loads(raw) if raw and raw.strip() else {}
     except json.JSONDecodeError:
         return name, raw
-    return name, json.dumps(args, sort_keys=True)
+    return call_key(name, args)
 
 
 def _repeats_call(traj: Trajectory, response: Any) -> bool:
