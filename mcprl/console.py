@@ -73,10 +73,24 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
         + (f", {_plural(explored, 'attempt')} explored" if explored else "")
         + (f", {_plural(guided, 'attempt')} guided" if guided else "")
         + (f", {_plural(hindsight, 'hindsight task')} added" if hindsight else "")
+        + _subtasks(row)
         + _no_update(row, informative)
         + f" | rollouts {row.get('time/rollout_s', 0):.0f} s, "
         f"judge {row.get('time/judge_s', 0):.0f} s{_judging(row)}, "
         f"train {train('time_train_s', 0):.0f} s"
+    )
+
+
+def _subtasks(row: dict[str, Any]) -> str:
+    """What the step's subtask groups did (`--subtasks`), where it drew any."""
+    drawn = row.get("train/subtask_groups")
+    if not drawn:
+        return ""
+    right, tried = row.get("train/subtask_successes", 0), row.get("train/subtask_attempts", 0)
+    trained = row.get("train/subtask_groups_trained", 0)
+    return (
+        f"; subtasks: {right:.0f} of {tried:.0f} steps of chains made right, "
+        f"{trained:.0f} of {_plural(drawn, 'group')} trained"
     )
 
 

@@ -39,6 +39,15 @@ this is measured against).
 Draws are weighted, without replacement, and seeded by (seed, step, round): a resumed run that
 replays the same history draws the same scenarios.
 
+Subtasks (`subtask`, the loop's `RunConfig.subtasks`): a chain of calls the policy never
+solves gives no informative group, so it is seldom drawn and never learned, though each of its
+steps is a single call of the kind the policy learns elsewhere. A subtask is one step of such a
+chain, practised as a task of its own: the chain's task as its attempts see it, the reference's
+calls before the step made for the attempt, and its own next call checked against the
+reference's (same tool, matching arguments); the attempt ends there. Scored as a reference
+with those calls and no answer, it succeeds only with the call that was due, and the group
+compares attempts at the same decision: which call comes next, on what numbers.
+
 The training loop uses it with *dynamic sampling* (DAPO): when a drawn group ties, it draws
 another scenario, within `oversample` times the groups a step asks for (see `mcprl.train`).
 With `informative="success"` (`TrainConfig.informative`), a group counts only when some of its
@@ -61,17 +70,21 @@ from typing import Any, Literal, get_args
 
 from mcprl.errors import UsageError
 from mcprl.rewards import Informative, is_informative, success_key
-from mcprl.scenarios import Scenario, has_reference, question_kind
+from mcprl.scenarios import Reference, Scenario, has_reference, question_kind
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
+    "SUBTASK_TAG",
     "Informative",
     "Sampling",
     "ScenarioSampler",
     "ScenarioStats",
     "is_informative",
+    "subtask",
     "task_kind",
 ]
+
+SUBTASK_TAG = "subtask"
 
 Sampling = Literal["fresh", "curriculum", "uniform"]
 
@@ -112,6 +125,29 @@ def task_kind(scenario: Scenario) -> tuple[str, ...]:
     if asks is not None:
         tools = (*tools, f"asks:{asks}")
     return ("hindsight", *tools) if "hindsight" in scenario.tags else tools
+
+
+def subtask(scenario: Scenario, step: int) -> Scenario:
+    """Step `step` (0-based) of `scenario`'s chain of reference calls as a task of its own
+    (module docstring): the same task, scored by the reference's calls up to and including
+    that step and no answer. Its attempts are rolled out at `scenario` itself, with the calls
+    before the step made for them (`RolloutConfig.guided_calls`) and an end after the step's
+    call (`stop_after_calls`), so they see what the chain's own attempts see."""
+    ref = scenario.reference
+    calls = ref.calls if ref is not None else []
+    if not 0 <= step < len(calls):
+        raise UsageError(
+            f"scenario {scenario.id!r} has {len(calls)} reference calls; a subtask is one of "
+            f"them, 0 to {len(calls) - 1}, not {step}"
+        )
+    return scenario.model_copy(
+        update={
+            "id": f"{scenario.id}#step{step + 1}",
+            "reference": Reference(calls=calls[: step + 1], tolerance=ref.tolerance),
+            "tags": [*scenario.tags, SUBTASK_TAG],
+            "split": "train",
+        }
+    )
 
 
 @dataclass

@@ -277,6 +277,14 @@ class RolloutConfig(BaseModel):
         "reply kept is part of the attempt (and trained on). The training loop sets it on its "
         "attempts (`RunConfig.retry_repeats`); 0: off",
     )
+    stop_after_calls: int | None = Field(
+        default=None,
+        ge=1,
+        description="end the attempt as soon as it has made this many tool calls, calls made "
+        "for it (guided_calls) included, complete_task not counted: the training loop's "
+        "subtask attempts, which practise one step of a chain (`RunConfig.subtasks`). None: "
+        "the attempt runs until it answers or its turns run out",
+    )
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -463,6 +471,9 @@ async def rollout(
             if done:
                 metrics["completed"] = 1
                 break
+            if config.stop_after_calls is not None and _tool_calls(traj) >= config.stop_after_calls:
+                traj.log(f"turn {turn + 1}: the step practised is made; the attempt ends")
+                break
         else:
             metrics["ran_out_of_turns"] = 1
     traj.metrics = {k: float(v) for k, v in metrics.items()}
@@ -624,6 +635,16 @@ def _repeats_call(traj: Trajectory, response: Any) -> bool:
     calls = response.choices[0].message.tool_calls or []
     keys = [_call_key(c.function.name, c.function.arguments) for c in calls]
     return any(name != COMPLETE_TASK and (name, args) in made for name, args in keys)
+
+
+def _tool_calls(traj: Trajectory) -> int:
+    """The tool calls in the attempt so far, those made for it included, complete_task not."""
+    return sum(
+        c["function"]["name"] != COMPLETE_TASK
+        for m in traj.messages
+        if m["role"] == "assistant"
+        for c in m.get("tool_calls") or []
+    )
 
 
 def _pinned_turn(config: RolloutConfig, turn: int) -> bool:

@@ -52,6 +52,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,7 @@ from mcprl.collect import (
     score_groups,
     summarize,
 )
-from mcprl.curriculum import Informative, Sampling, ScenarioSampler, is_informative
+from mcprl.curriculum import Informative, Sampling, ScenarioSampler, is_informative, subtask
 from mcprl.errors import JudgeFailedError, PreflightError, UsageError
 from mcprl.hindsight import hindsight_tasks
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
@@ -195,6 +196,16 @@ class RunConfig(BaseModel):
         "already (the same tool and arguments) is asked for again, with another seed, up to "
         "this many times (`RolloutConfig.retry_repeats`): the turn goes to some other call. "
         "Evaluations keep the policy's own replies. 0 disables",
+    )
+    subtasks: int = Field(
+        default=0,
+        ge=0,
+        description="each step, this many more groups practise one step of a chain of two "
+        "or more calls whose kind no attempt of the policy's own has solved (`subtask`): the "
+        "task as the chain's attempts see it, the reference's calls before that step made for "
+        "the attempt, and the attempt ended after its own next call, a success when that call "
+        "is the reference's. Their groups train beside the step's own and are counted apart "
+        "(`train/subtask_*`). 0 disables",
     )
     reward: RewardMode = "auto"
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
@@ -446,6 +457,7 @@ class TrainingRun:
         self._dropped: list[Exception] = []  # judge failures since the phase began
         self.hindsight: list[Scenario] = []  # tasks added from failed attempts' chains
         self.held: list[TrajectoryGroup] = []  # informative groups `contrast` holds back
+        self._practised: Counter[str] = Counter()  # subtask groups drawn per chain
         self._held_steps = 0  # steps in a row that held them
         # what the judge spent: before this start (a resumed run), at the start, at the last row
         self._spent_before: dict[str, float] = {}
@@ -519,6 +531,12 @@ class TrainingRun:
         if self.info is not None:
             self._offer_tools(self.info)
         self.reward = self._resolve_reward()
+        if self.config.subtasks and not self.reward.checks_references:
+            raise PreflightError(
+                f"`subtasks={self.config.subtasks}` checks each practised call against the "
+                f"scenarios' reference calls, and the reward ({self.reward.name}) does not "
+                "check references; use `reward=reference` or `both`, or `subtasks=0`"
+            )
         await self.model.register(self.backend)
         step = self.model.step
         resumed = f"resuming at step {step}" if step else "a fresh LoRA at step 0"
@@ -797,9 +815,13 @@ class TrainingRun:
         config, step = self.config, self.model.step + 1
         await self._emit(StepStarted(self, step))
         groups, counts, times = await self._draw_groups(step)
+        practice: list[TrajectoryGroup] = []
+        if config.subtasks:
+            practice = await self._draw_subtasks(step, counts, times)
         if config.hindsight:
             counts["hindsight_added"] = float(await self._add_hindsight(step, groups))
         training = await self._hold(groups, step, counts) if config.contrast else groups
+        training = training + practice  # the trainer skips the tied groups among them
         await self._emit(GroupsDrawn(self, step, groups, counts))
         dropped = int(counts["groups_dropped"])
         self._check_judge(dropped, int(counts["groups_drawn"]), f"step {step}")
@@ -942,6 +964,71 @@ class TrainingRun:
             "attempts_demonstrated": float(helped["demonstrated"]),
         }
         return kept + tied, counts | self.sampler.summary(), times
+
+    async def _draw_subtasks(
+        self, step: int, counts: dict[str, float], times: dict[str, float]
+    ) -> list[TrajectoryGroup]:
+        """Roll out and score this step's `subtasks` groups (`subtask`): each at one step of
+        a chain whose kind the policy has not solved, the least-practised chains first, the
+        step drawn at random. Adds `subtask_groups`, `subtask_groups_trained`,
+        `subtask_successes` and `subtask_attempts` to `counts`, and their time to `times`."""
+        config = self.config
+        rng = random.Random(f"{config.seed}/subtasks/{step}")
+        chains = [
+            s
+            for s in self.scenarios.train
+            if s.reference is not None
+            and len(s.reference.calls) >= 2
+            and not self.sampler.solved(s)
+        ]
+        if not chains:
+            return []
+        rng.shuffle(chains)
+        chains.sort(key=lambda s: self._practised[s.id])
+        chosen = chains[: config.subtasks]
+        due = [rng.randrange(len(s.reference.calls)) for s in chosen]
+        for s in chosen:
+            self._practised[s.id] += 1
+        t0 = time.perf_counter()
+        # seeds apart from the step's own draws (at most oversample x groups x attempts)
+        seed = config.seed + step * 1_000_000 + 500_000
+        starts = [
+            [{"guided_calls": k, "stop_after_calls": k + 1}] * config.rollouts_per_group
+            for k in due
+        ]
+        groups = await self._collect(
+            chosen,
+            config.rollouts_per_group,
+            seed,
+            f"step {step} subtasks",
+            starts,
+            self._training_rollout(),
+        )
+        t1 = time.perf_counter()
+        for group, scenario, k in zip(groups, chosen, due, strict=True):
+            part = subtask(scenario, k)
+            self.by_id[part.id] = part
+            group.scenario_id = part.id
+            for t in group.trajectories:
+                t.metadata["scenario_id"] = part.id
+                t.metadata["subtask_step"] = k + 1
+        # a step's call is checked against the reference alone: a judge would rank attempts
+        # that stop mid-chain
+        check = Reward.of("reference").scorer(self.by_id, reference=config.reference_reward)
+        groups = await score_groups(groups, check, desc=f"step {step} subtasks", progress=False)
+        times["rollout"] += t1 - t0
+        times["judge"] += time.perf_counter() - t1
+        mark_success(groups, self.by_id)
+        attempts = [t for g in groups for t in g.trajectories if "success" in t.metrics]
+        counts |= {
+            "subtask_groups": float(len(groups)),
+            "subtask_groups_trained": float(
+                sum(is_informative(g, self.informative) for g in groups)
+            ),
+            "subtask_successes": float(sum(t.metrics["success"] >= 1.0 for t in attempts)),
+            "subtask_attempts": float(len(attempts)),
+        }
+        return groups
 
     async def _add_hindsight(self, step: int, groups: list[TrajectoryGroup]) -> int:
         """Add this step's hindsight tasks (`mcprl.hindsight`) to the pool and keep them with

@@ -181,8 +181,9 @@ class Trajectory(BaseModel):
     def helped(self) -> bool:
         """The training loop chose how the attempt started: a first tool it picked (an explored
         attempt), a first call it pinned (a demonstration), or reference calls it made for it
-        (a guided one). Its success is partly the loop's, not the policy's own."""
-        return "first_tool" in self.metadata or "guided_calls" in self.metadata
+        (a guided one, or a subtask's, which practises one step of a chain). Its success is
+        partly the loop's, not the policy's own."""
+        return any(k in self.metadata for k in ("first_tool", "guided_calls", "subtask_step"))
 
     def log(self, text: str) -> None:
         self.logs.append(text)

@@ -1084,3 +1084,107 @@ async def test_retry_repeats_asks_training_attempts_again_and_leaves_evaluations
     assert next(r for r in history if "train/success" in r)["train/repeats_retried"] == 1.0
     val = next(r for r in history if "val/success" in r)
     assert val["val/success"] == 0.0  # the policy's own replies: it repeats add(2, 3)
+
+
+# -- subtasks: one step of an unsolved chain, practised as a task of its own ---------------------
+
+
+def _steps_right_on_odd_attempts(body: dict) -> tuple[int, dict]:
+    """At `_chain`'s task: on odd attempts each call due is right (add(2, 3), then multiply by
+    4), on even ones wrong (multiply first, add second); after two results it answers one more
+    than the last, so no attempt of its own ever solves the chain."""
+    status, reply = _policy(body)
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    odd = body.get("seed", 0) // 1000 % 2
+    results = [json.loads(m["content"])["result"] for m in body["messages"] if m["role"] == "tool"]
+    if not results:
+        name, args = ("add" if odd else "multiply"), {"a": 2, "b": 3}
+    elif len(results) == 1:
+        name, args = ("multiply" if odd else "add"), {"a": results[-1], "b": 4}
+    else:
+        name, args = "complete_task", {"answer": results[-1] + 1}
+    call["name"], call["arguments"] = name, json.dumps(args)
+    return status, reply
+
+
+def test_a_subtask_is_one_step_of_the_chain_scored_by_its_calls_alone():
+    from mcprl.curriculum import subtask
+    from mcprl.errors import UsageError
+
+    part = subtask(_chain("c"), 1)
+    assert part.id == "c#step2" and part.task == _chain("c").task and "subtask" in part.tags
+    assert [c.tool for c in part.reference.calls] == ["add", "multiply"]
+    assert part.reference.answer is None  # the chain's answer is not this step's
+    with pytest.raises(UsageError, match="0 to 1, not 2"):
+        subtask(_chain("c"), 2)
+
+
+@pytest.mark.anyio
+async def test_an_attempt_stops_after_the_call_it_practises():
+    from mcprl import Model
+    from mcprl.rollout import RolloutConfig, rollout
+
+    calculator = load_example("calculator").server
+    with LocalChatServer(_finishes_only_what_it_is_shown) as policy:
+        model = Model(name="m", base_url=policy.base_url, api_key="x")
+        step = await rollout(model, _chain("c"), calculator,
+                             RolloutConfig(guided_calls=1, stop_after_calls=2))  # fmt: skip
+    names = [c["function"]["name"] for m in step.messages for c in m.get("tool_calls") or []]
+    assert names == ["add", "multiply"]  # one made for it, one its own, and no answer
+    assert step.messages[-1]["role"] == "tool" and json.loads(step.messages[-1]["content"]) == {
+        "result": 20
+    }
+    assert len(step.choices) == 1 and "final_answer" not in step.metadata
+    assert step.metrics["ran_out_of_turns"] == 0 and step.metrics["completed"] == 0
+
+
+@pytest.mark.anyio
+async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_path):
+    scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _chain("c2"), _chain("val")])
+    for s in scenarios.scenarios:
+        s.split = "val" if s.id == "val" else "train"
+    with LocalChatServer(_steps_right_on_odd_attempts) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=4, oversample=1,
+                           eval_every=0, reward="reference", write_report=False,
+                           explore=0, demonstrate=0, subtasks=2)  # fmt: skip
+        said: list[str] = []
+        run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
+                          observers=[Console(said.append)])  # fmt: skip
+        await run.prepare(scenarios)
+        await run._step(_summary(run))
+    assert "subtasks: 4 of 8 steps of chains made right, 2 of 2 groups trained" in said[-1]
+    groups = backend.trained[0]
+    parts = [g for g in groups if "#step" in (g.scenario_id or "")]
+    assert len(parts) == 2 and len({g.scenario_id.split("#")[0] for g in parts}) == 2
+    for g in parts:
+        k = int(g.scenario_id.rsplit("step", 1)[1])
+        for t in g.trajectories:
+            assert t.metadata["subtask_step"] == k and t.helped
+            assert len(t.choices) == 1 and "final_answer" not in t.metadata
+            made = [c["function"]["name"] for m in t.messages for c in m.get("tool_calls") or []]
+            assert len(made) == k  # the calls before the step, made for it, then its own
+            right = made[-1] == ["add", "multiply"][k - 1]
+            assert t.metrics["success"] == float(right)
+            assert t.reward == (1.0 if right else (k - 1) / k)  # the steps made for it count
+        assert sum(t.metrics["success"] for t in g.trajectories) == 2  # the odd attempts
+    row = backend.rows[0]
+    assert row["train/subtask_groups"] == 2 and row["train/subtask_groups_trained"] == 2
+    assert (row["train/subtask_successes"], row["train/subtask_attempts"]) == (4, 8)
+    assert row["train/success"] == 0.0  # the step's own attempts: never a solved chain
+    assert not run.sampler.solved(_chain("c0"))  # a subtask's success does not solve its kind
+
+
+@pytest.mark.anyio
+async def test_subtasks_need_a_reward_that_checks_references(tmp_path):
+    from mcprl.errors import PreflightError
+
+    scenarios = ScenarioSet([_chain("c0"), _chain("val")])
+    scenarios.scenarios[-1].split = "val"
+    with LocalChatServer(_steps_right_on_odd_attempts) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        run = TrainingRun(RunConfig(subtasks=1, write_report=False),
+                          load_example("calculator").server, backend, progress=False,
+                          reward=lambda group: [0.0] * len(group.trajectories))  # fmt: skip
+        with pytest.raises(PreflightError, match="subtasks=1"):
+            await run.prepare(scenarios)

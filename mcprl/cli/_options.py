@@ -189,6 +189,14 @@ RUN = [
         "calls solved, relabelled as such (default {default}: off; see RESULTS.md)",
     ),
     Setting(
+        "--subtasks",
+        "subtasks",
+        "each step, N more groups practise one step of a chain of 2+ calls the model's own "
+        "attempts have not solved: the calls before it made for them, the attempt ended after "
+        "its own next call, a success when that is the reference's (default {default}: off; "
+        "see RESULTS.md)",
+    ),
+    Setting(
         "--retry-repeats",
         "retry_repeats",
         "in training attempts, ask again (another seed, up to N times) for a reply that "
