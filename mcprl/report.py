@@ -68,6 +68,7 @@ _PARTS = [
     ("train/reward_reported", "answer is a tool result"),
     ("train/repeated_calls", "repeated calls"),
     ("train/repeats_retried", "repeats asked again (--retry-repeats)"),
+    ("train/subtask_success", "steps of chains made right (--subtasks)"),
     ("train/guessed_answer", "right answer without the needed calls"),
 ]
 

@@ -971,7 +971,8 @@ class TrainingRun:
         """Roll out and score this step's `subtasks` groups (`subtask`): each at one step of
         a chain whose kind the policy has not solved, the least-practised chains first, the
         step drawn at random. Adds `subtask_groups`, `subtask_groups_trained`,
-        `subtask_successes` and `subtask_attempts` to `counts`, and their time to `times`."""
+        `subtask_successes`, `subtask_attempts` and their rate `subtask_success` to `counts`,
+        and their time to `times`."""
         config = self.config
         rng = random.Random(f"{config.seed}/subtasks/{step}")
         chains = [
@@ -1028,6 +1029,8 @@ class TrainingRun:
             "subtask_successes": float(sum(t.metrics["success"] >= 1.0 for t in attempts)),
             "subtask_attempts": float(len(attempts)),
         }
+        if attempts:
+            counts["subtask_success"] = counts["subtask_successes"] / len(attempts)
         return groups
 
     async def _add_hindsight(self, step: int, groups: list[TrajectoryGroup]) -> int:

@@ -1171,6 +1171,7 @@ async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_
     row = backend.rows[0]
     assert row["train/subtask_groups"] == 2 and row["train/subtask_groups_trained"] == 2
     assert (row["train/subtask_successes"], row["train/subtask_attempts"]) == (4, 8)
+    assert row["train/subtask_success"] == 0.5
     assert row["train/success"] == 0.0  # the step's own attempts: never a solved chain
     assert not run.sampler.solved(_chain("c0"))  # a subtask's success does not solve its kind
 
