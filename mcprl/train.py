@@ -204,8 +204,9 @@ class RunConfig(BaseModel):
         "or more calls whose kind no attempt of the policy's own has solved (`subtask`): the "
         "task as the chain's attempts see it, the reference's calls before that step made for "
         "the attempt, and the attempt ended after its own next call, a success when that call "
-        "is the reference's. Their groups train beside the step's own and are counted apart "
-        "(`train/subtask_*`). 0 disables",
+        "is the reference's; `demonstrate` of a group's attempts have that call pinned. Their "
+        "groups train beside the step's own and are counted apart (`train/subtask_*`). "
+        "0 disables",
     )
     reward: RewardMode = "auto"
     reference_reward: ReferenceReward = Field(default_factory=ReferenceReward)
@@ -993,10 +994,7 @@ class TrainingRun:
         t0 = time.perf_counter()
         # seeds apart from the step's own draws (at most oversample x groups x attempts)
         seed = config.seed + step * 1_000_000 + 500_000
-        starts = [
-            [{"guided_calls": k, "stop_after_calls": k + 1}] * config.rollouts_per_group
-            for k in due
-        ]
+        starts = [self._subtask_starts(s, k) for s, k in zip(chosen, due, strict=True)]
         groups = await self._collect(
             chosen,
             config.rollouts_per_group,
@@ -1032,6 +1030,20 @@ class TrainingRun:
         if attempts:
             counts["subtask_success"] = counts["subtask_successes"] / len(attempts)
         return groups
+
+    def _subtask_starts(self, scenario: Scenario, k: int) -> list[dict[str, Any]]:
+        """How the attempts of a subtask at step `k` of `scenario`'s chain start: every one
+        after the reference's first `k` calls, made for it, and ended after its next call;
+        the first `demonstrate` of them with that call pinned (a demonstration of the step,
+        trained on, as at any kind the policy has not solved)."""
+        ref = scenario.reference
+        assert ref is not None  # only chains of reference calls are practised
+        start = {"guided_calls": k, "stop_after_calls": k + 1}
+        due = ref.calls[k]
+        shown = {"first_tool": due.tool, "first_arguments": due.arguments, "next_calls": []}
+        attempts = self.config.rollouts_per_group
+        n = min(self.config.demonstrate, attempts - 1)
+        return [start | shown] * n + [start] * (attempts - n)
 
     async def _add_hindsight(self, step: int, groups: list[TrajectoryGroup]) -> int:
         """Add this step's hindsight tasks (`mcprl.hindsight`) to the pool and keep them with

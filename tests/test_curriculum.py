@@ -1092,7 +1092,8 @@ async def test_retry_repeats_asks_training_attempts_again_and_leaves_evaluations
 def _steps_right_on_odd_attempts(body: dict) -> tuple[int, dict]:
     """At `_chain`'s task: on odd attempts each call due is right (add(2, 3), then multiply by
     4), on even ones wrong (multiply first, add second); after two results it answers one more
-    than the last, so no attempt of its own ever solves the chain."""
+    than the last, so no attempt of its own ever solves the chain. A pinned call (a
+    demonstration's, `tool_choice.function.arguments`) it makes as mcprl's engine would."""
     status, reply = _policy(body)
     call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
     odd = body.get("seed", 0) // 1000 % 2
@@ -1103,6 +1104,9 @@ def _steps_right_on_odd_attempts(body: dict) -> tuple[int, dict]:
         name, args = ("multiply" if odd else "add"), {"a": results[-1], "b": 4}
     else:
         name, args = "complete_task", {"answer": results[-1] + 1}
+    pinned = body.get("tool_choice")
+    if isinstance(pinned, dict) and "arguments" in pinned.get("function", {}):  # as the engine
+        name, args = pinned["function"]["name"], pinned["function"]["arguments"]
     call["name"], call["arguments"] = name, json.dumps(args)
     return status, reply
 
@@ -1139,7 +1143,9 @@ async def test_an_attempt_stops_after_the_call_it_practises():
 
 
 @pytest.mark.anyio
-async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_path):
+@pytest.mark.parametrize("demonstrate", [0, 1])
+async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_path, demonstrate):
+    """With `demonstrate`, that many of a subtask group's attempts have the call due pinned."""
     scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _chain("c2"), _chain("val")])
     for s in scenarios.scenarios:
         s.split = "val" if s.id == "val" else "train"
@@ -1147,13 +1153,15 @@ async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_
         backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=4, oversample=1,
                            eval_every=0, reward="reference", write_report=False,
-                           explore=0, demonstrate=0, subtasks=2)  # fmt: skip
+                           explore=0, demonstrate=demonstrate, subtasks=2)  # fmt: skip
         said: list[str] = []
         run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
                           observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)
         await run._step(_summary(run))
-    assert "subtasks: 4 of 8 steps of chains made right, 2 of 2 groups trained" in said[-1]
+    made_right = 4 + 2 * demonstrate  # the odd attempts', and the demonstrations (even ones)
+    line = f"subtasks: {made_right} of 8 steps of chains made right, 2 of 2 groups trained"
+    assert line in said[-1]
     groups = backend.trained[0]
     parts = [g for g in groups if "#step" in (g.scenario_id or "")]
     assert len(parts) == 2 and len({g.scenario_id.split("#")[0] for g in parts}) == 2
@@ -1167,11 +1175,16 @@ async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_
             right = made[-1] == ["add", "multiply"][k - 1]
             assert t.metrics["success"] == float(right)
             assert t.reward == (1.0 if right else (k - 1) / k)  # the steps made for it count
-        assert sum(t.metrics["success"] for t in g.trajectories) == 2  # the odd attempts
+        shown = [t for t in g.trajectories if "first_arguments" in t.metadata]
+        assert len(shown) == demonstrate
+        for t in shown:  # the call due pinned, and trained on (its turn carries tokens)
+            assert t.metadata["first_tool"] == ["add", "multiply"][k - 1]
+            assert t.metrics["success"] == 1.0 and len(t.choices) == 1
+        assert sum(t.metrics["success"] for t in g.trajectories) == 2 + demonstrate
     row = backend.rows[0]
     assert row["train/subtask_groups"] == 2 and row["train/subtask_groups_trained"] == 2
-    assert (row["train/subtask_successes"], row["train/subtask_attempts"]) == (4, 8)
-    assert row["train/subtask_success"] == 0.5
+    assert (row["train/subtask_successes"], row["train/subtask_attempts"]) == (made_right, 8)
+    assert row["train/subtask_success"] == made_right / 8
     assert row["train/success"] == 0.0  # the step's own attempts: never a solved chain
     assert not run.sampler.solved(_chain("c0"))  # a subtask's success does not solve its kind
 
