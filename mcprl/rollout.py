@@ -680,6 +680,12 @@ async def _complete(
         kwargs["top_p"] = config.top_p
     if traj.tools:
         kwargs.update(tools=traj.tools, tool_choice=_tool_choice(traj, config, turn))
+        choice = kwargs["tool_choice"]
+        pinned = choice.get("function", {}).get("arguments") if isinstance(choice, dict) else None
+        if pinned is not None:
+            # a pinned call is written whole, however long: a token is at least one character
+            # (an `aggregate` over 21 ids cut at 128 tokens was no call at all)
+            kwargs["max_tokens"] = max(config.max_tokens, len(json.dumps(pinned)) + 64)
     if config.seed is not None:
         # an attempt's seeds are SEED_STRIDE (1000) apart: turns and retries stay inside
         kwargs["seed"] = config.seed + turn + 100 * retry

@@ -967,3 +967,14 @@ async def test_attempts_sharing_a_trainable_models_client_leave_it_open(tmp_path
         plain = Model(name="agent@0", base_url=chat.base_url, api_key="x")
         trajectory = await rollout(plain, SCENARIO, None)
         assert "42" in trajectory.messages[-1]["content"]
+
+
+async def test_a_pinned_call_gets_the_tokens_to_be_written_whole(calculator):
+    """A demonstration's pinned call longer than `max_tokens` is asked for with room enough
+    (cut short, it would be no call at all); the model's own turns keep `max_tokens`."""
+    long = {"a": 1.0 + 1e-12, "b": 2.0 + 1e-12}  # written out, longer than the 8 tokens below
+    policy = ScriptedPolicy(reply(call("add", long)), reply(call("complete_task", {"answer": 3})))
+    config = RolloutConfig(first_tool="add", first_arguments=long, max_tokens=8)
+    await rollout(MODEL, SCENARIO, calculator, config, client=policy)
+    first, second = policy.requests
+    assert first["max_tokens"] >= len(json.dumps(long)) and second["max_tokens"] == 8
