@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mcprl.backends import LocalBackend
 from mcprl.collect import collect_groups, mark_success, score_groups
-from mcprl.curriculum import subtask
+from mcprl.curriculum import relabel_subtask
 from mcprl.evaluate import backend_models
 from mcprl.rewards import Reward
 from mcprl.rollout import RolloutConfig
@@ -53,9 +53,8 @@ async def _probe(args: argparse.Namespace, backend: LocalBackend) -> dict:
             )  # fmt: skip
             parts = {}
             for g, s in zip(groups, at, strict=True):
-                part = subtask(s, k)
+                part = relabel_subtask(g, s, k)
                 parts[part.id] = part
-                g.scenario_id = part.id
             check = Reward.of("reference").scorer(parts)
             groups = await score_groups(groups, check, progress=False)
             mark_success(groups, parts)

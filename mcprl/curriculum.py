@@ -80,6 +80,7 @@ __all__ = [
     "ScenarioSampler",
     "ScenarioStats",
     "is_informative",
+    "relabel_subtask",
     "subtask",
     "task_kind",
 ]
@@ -148,6 +149,18 @@ def subtask(scenario: Scenario, step: int) -> Scenario:
             "split": "train",
         }
     )
+
+
+def relabel_subtask(group: TrajectoryGroup, scenario: Scenario, step: int) -> Scenario:
+    """Make `group`, rolled out at `scenario` with the calls before `step` made for it, the
+    group of that step's subtask: its id and each attempt's (`subtask_step`, 1-based, marks
+    the attempt as one the loop helped). Returns the subtask, which scores it."""
+    part = subtask(scenario, step)
+    group.scenario_id = part.id
+    for t in group.trajectories:
+        t.metadata["scenario_id"] = part.id
+        t.metadata["subtask_step"] = step + 1
+    return part
 
 
 @dataclass

@@ -73,7 +73,13 @@ from mcprl.collect import (
     score_groups,
     summarize,
 )
-from mcprl.curriculum import Informative, Sampling, ScenarioSampler, is_informative, subtask
+from mcprl.curriculum import (
+    Informative,
+    Sampling,
+    ScenarioSampler,
+    is_informative,
+    relabel_subtask,
+)
 from mcprl.errors import JudgeFailedError, PreflightError, UsageError
 from mcprl.hindsight import hindsight_tasks
 from mcprl.mcp import ServerInfo, inspect_server, writing_tools
@@ -1005,12 +1011,8 @@ class TrainingRun:
         )
         t1 = time.perf_counter()
         for group, scenario, k in zip(groups, chosen, due, strict=True):
-            part = subtask(scenario, k)
+            part = relabel_subtask(group, scenario, k)
             self.by_id[part.id] = part
-            group.scenario_id = part.id
-            for t in group.trajectories:
-                t.metadata["scenario_id"] = part.id
-                t.metadata["subtask_step"] = k + 1
         # a step's call is checked against the reference alone: a judge would rank attempts
         # that stop mid-chain
         check = Reward.of("reference").scorer(self.by_id, reference=config.reference_reward)
