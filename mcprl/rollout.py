@@ -55,6 +55,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -71,6 +72,7 @@ from mcprl.mcp import (
     describe_elicitation,
     open_session,
     openai_tools,
+    tool_access,
     tool_info,
 )
 from mcprl.policy import Policy, policy_client
@@ -86,11 +88,13 @@ __all__ = [
     "complete_task_tool",
     "rollout",
     "turn_budget",
+    "worked_examples",
 ]
 
 logger = logging.getLogger(__name__)
 
 COMPLETE_TASK = "complete_task"
+TASK_DONE = "Task marked complete."
 
 YES_NO = ["yes", "no"]
 
@@ -285,6 +289,21 @@ class RolloutConfig(BaseModel):
         "subtask attempts, which practise one step of a chain (`RunConfig.subtasks`). None: "
         "the attempt runs until it answers or its turns run out",
     )
+    examples: int = Field(
+        default=0,
+        ge=0,
+        le=8,
+        description="worked examples that open every attempt's conversation, after the system "
+        "prompt: solved tasks of the set's train split, one per kind of task (its reference "
+        "calls in order, each with the server's live result, then complete_task with the "
+        "answer), as `worked_examples` picks them. Shown, never trained on, and not part of "
+        "the attempt's messages; a trained model is evaluated with the same number. 0: none",
+    )
+    example_messages: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="the worked examples' messages, set from `examples` where the scenario set "
+        "is known (`mcprl train` before its first step, `mcprl eval` before its attempts)",
+    )
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:
@@ -395,6 +414,10 @@ async def rollout(
             {"role": "system", "content": _system_prompt(config)},
             {"role": "user", "content": user_message(scenario, config, kind)},
         ]
+        if config.example_messages:
+            traj.metadata["worked_examples"] = sum(
+                m["role"] == "user" for m in config.example_messages
+            )
         guided = await _guide(traj, scenario, session, config)
         if guided:
             traj.metadata["guided_calls"] = guided
@@ -440,7 +463,7 @@ async def rollout(
                     args, error = _parse_arguments(call.function.arguments, None)
                     answer = (args or {}).get("answer", (args or {}).get("summary"))
                     traj.metadata["final_answer"] = _answer_text(answer)
-                    text = "Task marked complete." if error is None else error
+                    text = TASK_DONE if error is None else error
                     done = error is None
                 elif name not in by_name:
                     text = f"Error: there is no tool named {name!r}; the tools are: " + ", ".join(
@@ -503,6 +526,76 @@ async def _guide(
         })  # fmt: skip
         traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": result.text})
     return k
+
+
+def example_scenarios(
+    scenarios: Sequence[Scenario], tools: Sequence[ToolInfo], n: int, max_result_chars: int = 1000
+) -> list[Scenario]:
+    """The train scenarios `worked_examples` shows: one per kind of task (the tools its
+    reference calls, in order), kinds taken in turn by the number of calls (one call, two, ...,
+    then again), within a length the most common first; of a kind, the task whose reference
+    results are shortest. Only tasks whose calls all go to offered tools that only read
+    (`tool_access`), with results of at most `max_result_chars` in all, so an example costs
+    the server nothing and the prompt little."""
+    reads = {t.name for t in tools if tool_access(t)[0] == "read"}
+    kinds: dict[tuple[str, ...], list[Scenario]] = {}
+    for s in scenarios:
+        calls = s.reference.calls if s.reference is not None else []
+        if s.split != "train" or not calls or s.reference.answer is None or s.elicitation:
+            continue
+        if sum(len(c.result or "") for c in calls) > max_result_chars:
+            continue
+        kind = tuple(c.tool for c in calls)
+        if set(kind) <= reads:
+            kinds.setdefault(kind, []).append(s)
+    by_length: dict[int, list[tuple[str, ...]]] = {}
+    for kind in sorted(kinds, key=lambda k: (-len(kinds[k]), k)):
+        by_length.setdefault(len(kind), []).append(kind)
+    queues = [by_length[length] for length in sorted(by_length)]
+    order: list[tuple[str, ...]] = []
+    while len(order) < n and any(queues):
+        order += [q.pop(0) for q in queues if q][: n - len(order)]
+    return [
+        min(kinds[k], key=lambda s: (sum(len(c.result or "") for c in s.reference.calls), s.id))
+        for k in order
+    ]
+
+
+async def worked_examples(
+    scenarios: Sequence[Scenario], session: MCPSession, config: RolloutConfig
+) -> list[dict[str, Any]]:
+    """`config.examples` solved tasks as the messages of a conversation (`example_scenarios`
+    picks them): each task as an attempt's user turn states it, its reference calls one a turn
+    with the server's live result (so a result reads as an attempt's would), then complete_task
+    with the reference answer. `RolloutConfig.example_messages` takes them."""
+    if not config.examples:
+        return []
+    tools = [t for t in await session.list_tools() if t.name not in config.hidden_tools]
+    messages: list[dict[str, Any]] = []
+    offered = [tool_info(t) for t in tools]
+    for i, s in enumerate(example_scenarios(scenarios, offered, config.examples)):
+        kind = answer_type(s) if config.typed_answer else None
+        budget = config.model_copy(update={"max_turns": turn_budget(s, config)})
+        messages.append({"role": "user", "content": user_message(s, budget, kind)})
+        assert s.reference is not None  # example_scenarios takes only tasks with calls
+        for j, call in enumerate(s.reference.calls):
+            result = await session.call_tool(
+                call.tool, call.arguments, timeout=config.tool_timeout, results_as=config.results_as
+            )
+            call_id = f"example_{i + 1}_{j + 1}"
+            messages.append({"role": "assistant", "content": None, "tool_calls": [
+                _function_call(call_id, call.tool, json.dumps(call.arguments))]})  # fmt: skip
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": result.text})
+        answer = _answer_call(complete_task_tool(kind), str(s.reference.answer))
+        call_id = f"example_{i + 1}_answer"
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            _function_call(call_id, COMPLETE_TASK, json.dumps(answer["arguments"]))]})  # fmt: skip
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": TASK_DONE})
+    return messages
+
+
+def _function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def sampler(config: RolloutConfig) -> Sampler | None:
@@ -600,9 +693,14 @@ def _tool_choice(traj: Trajectory, config: RolloutConfig, turn: int) -> Any:
 
 
 def _pinned_answer(traj: Trajectory, answer: str) -> dict[str, Any]:
-    """complete_task with `answer` pinned, typed as the attempt's complete_task takes it (a
-    number where its schema says so, else the text; the untyped form's `summary`)."""
+    """complete_task with `answer` pinned, typed as the attempt's complete_task takes it."""
     tool = next(t for t in traj.tools if t["function"]["name"] == COMPLETE_TASK)
+    return _answer_call(tool, answer)
+
+
+def _answer_call(tool: dict[str, Any], answer: str) -> dict[str, Any]:
+    """A call of complete_task `tool` with `answer` typed as its schema takes it (a number where
+    it says so, else the text; the untyped form's `summary`)."""
     schema = tool["function"]["parameters"]
     key = schema["required"][0]
     value: Any = answer
@@ -670,9 +768,12 @@ async def _complete(
     `retry`: the how-manieth request for this turn (each with its own seed)."""
     import openai
 
+    messages = traj.messages
+    if config.example_messages and messages and messages[0]["role"] == "system":
+        messages = [messages[0], *config.example_messages, *messages[1:]]
     kwargs: dict[str, Any] = {
         "model": served,
-        "messages": traj.messages,
+        "messages": messages,
         "temperature": config.temperature,
         "max_tokens": config.max_tokens,
     }

@@ -82,10 +82,10 @@ from mcprl.curriculum import (
 )
 from mcprl.errors import JudgeFailedError, PreflightError, UsageError
 from mcprl.hindsight import hindsight_tasks
-from mcprl.mcp import ServerInfo, inspect_server, writing_tools
+from mcprl.mcp import ServerInfo, inspect_server, open_session, writing_tools
 from mcprl.model import TrainableModel, policy_client
 from mcprl.rewards import ReferenceReward, Reward, RewardFn, winning_tool
-from mcprl.rollout import RolloutConfig
+from mcprl.rollout import RolloutConfig, worked_examples
 from mcprl.scenarios import Scenario, ScenarioSet, hidden_writers
 from mcprl.tokens import check_token_data
 from mcprl.training import LoraConfig, TrainConfig
@@ -537,6 +537,8 @@ class TrainingRun:
         self.scenarios = await self._resolve_scenarios(scenarios, make_scenarios)
         if self.info is not None:
             self._offer_tools(self.info)
+            if self.config.rollout.examples:
+                await self._show_examples()
         self.reward = self._resolve_reward()
         if self.config.subtasks and not self.reward.checks_references:
             raise PreflightError(
@@ -559,6 +561,24 @@ class TrainingRun:
         self.by_id = {s.id: s for s in self.scenarios}
         self.score = self._scorer()
         self.sampler = await self._sampler()
+
+    async def _show_examples(self) -> None:
+        """Solve `rollout.examples` train tasks once, for every attempt's conversation to open
+        with (`mcprl.rollout.worked_examples`), and say which."""
+        rollout = self.config.rollout
+        async with open_session(self.server, max_result_chars=rollout.max_result_chars) as session:
+            messages = await worked_examples(self.scenarios, session, rollout)
+        self.config.rollout = rollout.model_copy(update={"example_messages": messages})
+        tasks = [m["content"].split("\n")[0] for m in messages if m["role"] == "user"]
+        if not tasks:
+            self.say(
+                "  no worked examples: no train task has reference calls to tools that only "
+                "read, with short results"
+            )
+            return
+        self.say(f"  {len(tasks)} worked example(s) open every attempt:")
+        for task in tasks:
+            self.say(f"    {task.removeprefix('Please complete this task: ')}")
 
     async def _resolve_scenarios(self, given, make) -> ScenarioSet:
         kept = await self.backend.read_file(self.model, "scenarios.jsonl")

@@ -23,8 +23,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         evaluate_models,
         format_table,
     )
-    from mcprl.mcp import inspect_server
+    from mcprl.mcp import inspect_server, open_session
     from mcprl.model import LiteLLMModel
+    from mcprl.rollout import worked_examples
     from mcprl.scenarios import hidden_writers
     from mcprl.train import local_judge
     from ruler import Judge
@@ -41,6 +42,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         info = await inspect_server(args.server)  # the tools a training run on the set offers
         hidden = hidden_writers(info.tools, whole, config.allow_writes)
         config = config.model_copy(update={"hidden_tools": hidden})
+        if config.examples:  # as `mcprl train --examples` shows them: from the set's train split
+            async with open_session(args.server, max_result_chars=config.max_result_chars) as s:
+                shown = await worked_examples(whole, s, config)
+            config = config.model_copy(update={"example_messages": shown})
         models = await backend_models(
             args.models, backend, project=project, base_model=args.base_model,
             api_base=args.api_base,

@@ -113,6 +113,14 @@ ROLLOUT = [
         const=True,
     ),
     Setting(
+        "--examples",
+        "examples",
+        "open every attempt with N worked examples: solved tasks of the set's train split, "
+        "one per kind, their reference calls made live (evaluate a run with the N it trained "
+        "with)",
+        metavar="N",
+    ),
+    Setting(
         "--results-as",
         "results_as",
         "a tool result that comes as structured content and as text saying the same is "
