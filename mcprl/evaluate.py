@@ -216,6 +216,20 @@ async def _run_of(spec: str, backend: Backend, project: str) -> tuple[Any, str] 
     return model, step
 
 
+async def trained_examples(specs: Sequence[str], backend: Backend, project: str) -> dict[str, int]:
+    """The number of worked examples (`RolloutConfig.examples`) each run among `specs` trained
+    with, as its run_config.json says."""
+    import json
+
+    out: dict[str, int] = {}
+    for spec in specs:
+        run = await _run_of(spec, backend, project)
+        text = await backend.read_file(run[0], "run_config.json") if run else None
+        if text is not None:
+            out[spec] = int(json.loads(text).get("rollout", {}).get("examples", 0))
+    return out
+
+
 async def eval_scenarios(
     given: str | None,
     server: str,

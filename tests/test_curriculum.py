@@ -1202,3 +1202,44 @@ async def test_subtasks_need_a_reward_that_checks_references(tmp_path):
                           reward=lambda group: [0.0] * len(group.trajectories))  # fmt: skip
         with pytest.raises(PreflightError, match="subtasks=1"):
             await run.prepare(scenarios)
+
+
+# -- worked examples ---------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_run_solves_its_worked_examples_once_says_which_and_opens_every_attempt_with_them(
+    tmp_path,
+):
+    from mcprl.rollout import RolloutConfig
+
+    scenarios = ScenarioSet([_chain("c1"), _chain("c0"), _chain("val")])
+    scenarios.scenarios[-1].split = "val"
+    with LocalChatServer(_policy) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
+                           eval_every=0, reward="reference", write_report=False, explore=0,
+                           demonstrate=0, rollout=RolloutConfig(examples=1))  # fmt: skip
+        said: list[str] = []
+        run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
+                          say=said.append)  # fmt: skip
+        await run.prepare(scenarios)
+        await run._step(_summary(run))
+        stored = await backend.trajectories(run.model, "train")
+    assert "  1 worked example(s) open every attempt:" in said
+    assert "    Task c0: add 2 and 3, then times 4." in said  # of two alike, the first by id
+    shown = run.config.rollout.example_messages
+    results = [m["content"] for m in shown if m["role"] == "tool"]
+    assert results[-1] == "Task marked complete."
+    assert [json.loads(r) for r in results[:-1]] == [
+        {"result": 5.0},
+        {"result": 20.0},
+    ]  # the server's own results, made once before the first step
+    assert server.requests and all(
+        r["messages"][1 : 1 + len(shown)] == shown for r in server.requests
+    )
+    attempts = [t for g in stored[1] for t in g.trajectories]
+    assert len(attempts) == 2
+    for t in attempts:  # the attempt's messages are its own
+        assert t.messages[1]["content"].startswith("Please complete this task: Task c")
+        assert t.metadata["worked_examples"] == 1

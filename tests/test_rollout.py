@@ -21,8 +21,9 @@ from mcprl import (
     rollout,
     write_groups,
 )
+from mcprl.mcp import ToolInfo, open_session
 from mcprl.rewards import answer_matches, calls_matched, reference_reward, scorer
-from mcprl.rollout import answer_type, turn_budget
+from mcprl.rollout import answer_type, example_scenarios, turn_budget, worked_examples
 from mcprl.scenarios import Reference, ReferenceCall, Scenario
 from tests.helpers import (
     EXAMPLES,
@@ -978,3 +979,61 @@ async def test_a_pinned_call_gets_the_tokens_to_be_written_whole(calculator):
     await rollout(MODEL, SCENARIO, calculator, config, client=policy)
     first, second = policy.requests
     assert first["max_tokens"] >= len(json.dumps(long)) and second["max_tokens"] == 8
+
+
+def _solved(sid: str, calls: list[tuple[str, dict, str]], answer: str, split="train") -> Scenario:
+    refs = [ReferenceCall(tool=t, arguments=a, result=r) for t, a, r in calls]
+    task = f"Task {sid}?"
+    return Scenario(id=sid, task=task, difficulty=len(calls), split=split,
+                    reference=Reference(answer=answer, calls=refs))  # fmt: skip
+
+
+def test_worked_examples_are_one_train_task_a_kind_that_only_reads_short_chains_first():
+    tools = [
+        ToolInfo(name="search", input_schema={}, annotations={"readOnlyHint": True}),
+        ToolInfo(name="get", input_schema={}, annotations={"readOnlyHint": True}),
+        ToolInfo(name="delete_row", input_schema={}),  # its name says it writes
+    ]
+    scenarios = [
+        _solved("s-long", [("search", {"q": "a"}, "x" * 50)], "1"),
+        _solved("s-short", [("search", {"q": "b"}, "x")], "1"),  # the kind's shortest
+        _solved("s-val", [("search", {"q": "c"}, "")], "1", split="val"),  # never shown
+        _solved("sg", [("search", {"q": "d"}, "x"), ("get", {"id": 1}, "y")], "2"),
+        _solved("g1", [("get", {"id": 2}, "y")], "3"),
+        _solved("g2", [("get", {"id": 3}, "y")], "3"),
+        _solved("g3", [("get", {"id": 4}, "y" * 2000)], "3"),  # results too long to show
+        _solved("del", [("delete_row", {"id": 5}, "ok")], "ok"),  # changes the server's data
+    ]
+    picked = [s.id for s in example_scenarios(scenarios, tools, 8)]
+    # one-call kinds by how common they are (get: 2 shown-able tasks, search: 2), then chains
+    assert picked == ["g1", "sg", "s-short"]
+    assert [s.id for s in example_scenarios(scenarios, tools, 2)] == ["g1", "sg"]
+    assert example_scenarios(scenarios, tools, 0) == []
+
+
+async def test_worked_examples_open_every_request_and_are_not_the_attempts_own(calculator):
+    chain = [("add", {"a": 2, "b": 3}, "5"), ("multiply", {"a": 5, "b": 4}, "20")]
+    scenarios = [_solved("one", chain[:1], "5"), _solved("two", chain, "20")]
+    config = RolloutConfig(examples=2)
+    async with open_session(calculator) as session:
+        shown = await worked_examples(scenarios, session, config)
+    roles = [m["role"] for m in shown]
+    assert roles == ["user", *["assistant", "tool"] * 2, "user", *["assistant", "tool"] * 3]
+    assert shown[0]["content"].startswith("Please complete this task: Task one?")
+    assert "You have 2 turns" in shown[0]["content"]  # as that task's attempt is told
+    assert shown[2]["content"] == '{"result": 5.0}'  # live, as an attempt's result reads
+    answer = shown[3]["tool_calls"][0]["function"]
+    assert answer["name"] == "complete_task" and json.loads(answer["arguments"]) == {"answer": 5}
+    policy = ScriptedPolicy(
+        reply(call("multiply", {"a": 6, "b": 7})),
+        reply(call("complete_task", {"answer": 42})),
+    )
+    config = config.model_copy(update={"example_messages": shown})
+    t = await rollout(MODEL, SCENARIO, calculator, config, client=policy)
+    for request in policy.requests:  # every turn's prompt opens with them
+        sent = request["messages"]
+        assert sent[0]["role"] == "system" and sent[1 : 1 + len(shown)] == shown
+        assert sent[1 + len(shown) :] == t.messages[1 : len(sent) - len(shown)]
+    assert [m["role"] for m in t.messages] == ["system", "user", *["assistant", "tool"] * 2]
+    assert t.metadata["worked_examples"] == 2 and t.choices[0].message_index == 2
+    assert reference_reward(t, SCENARIO) == 1.0  # the examples' calls are not the attempt's

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from mcprl import read_groups
 from mcprl.cli import main
 from mcprl.scenarios import ScenarioSet
 from tests.helpers import LocalChatServer, chat_completion, judge_ids, scores_reply
@@ -148,6 +149,24 @@ def test_eval_puts_checkpoints_and_the_base_model_side_by_side(trained, capsys):
     results = json.loads((saved / "results.json").read_text())
     assert [r["model"] for r in results] == ["agent@0", "agent@1", "smollm2-135m"]
     assert all(r["metrics"]["attempts"] == 1 for r in results)  # the one val scenario
+
+
+def test_eval_shows_worked_examples_and_says_when_a_run_trained_with_another_number(
+    trained, capsys
+):
+    out_dir = trained["tmp"] / "evals-examples"
+    argv = [
+        "eval", "example:calculator", "--path", str(trained["tmp"] / "runs"), "--model", "agent",
+        "--examples", "1", "--max-turns", "2", "--max-tokens", "24", "--output", str(out_dir),
+        "-q",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    note = "agent trained with 0 worked examples and this evaluation shows 1: `--examples 0`"
+    assert note in " ".join(capsys.readouterr().err.split())
+    (saved,) = out_dir.iterdir()
+    (attempts,) = read_groups(saved / "agent@1.jsonl")[0].trajectories
+    assert attempts.metadata["worked_examples"] == 1
+    assert attempts.messages[1]["content"].startswith("Please complete this task:")
 
 
 def test_eval_names_what_it_cannot_find(trained, capsys):

@@ -22,6 +22,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         eval_scenarios,
         evaluate_models,
         format_table,
+        trained_examples,
     )
     from mcprl.mcp import inspect_server, open_session
     from mcprl.model import LiteLLMModel
@@ -42,6 +43,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         info = await inspect_server(args.server)  # the tools a training run on the set offers
         hidden = hidden_writers(info.tools, whole, config.allow_writes)
         config = config.model_copy(update={"hidden_tools": hidden})
+        for spec, n in (await trained_examples(args.models, backend, project)).items():
+            if n != config.examples:
+                say(
+                    f"  note: {spec} trained with {n} worked examples and this evaluation shows "
+                    f"{config.examples}: `--examples {n}` evaluates it as it trained"
+                )
         if config.examples:  # as `mcprl train --examples` shows them: from the set's train split
             async with open_session(args.server, max_result_chars=config.max_result_chars) as s:
                 shown = await worked_examples(whole, s, config)
