@@ -86,6 +86,7 @@ __all__ = [
     "RolloutConfig",
     "answer_type",
     "complete_task_tool",
+    "example_scenarios",
     "rollout",
     "turn_budget",
     "worked_examples",
@@ -518,12 +519,8 @@ async def _guide(
             call.tool, call.arguments, timeout=config.tool_timeout, results_as=config.results_as
         )
         call_id = f"guided_{i + 1}"
-        traj.messages.append({
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [{"id": call_id, "type": "function", "function": {
-                "name": call.tool, "arguments": json.dumps(call.arguments)}}],
-        })  # fmt: skip
+        traj.messages.append({"role": "assistant", "content": None, "tool_calls": [
+            _function_call(call_id, call.tool, json.dumps(call.arguments))]})  # fmt: skip
         traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": result.text})
     return k
 
