@@ -540,7 +540,7 @@ def example_scenarios(
         calls = s.reference.calls if s.reference is not None else []
         if s.split != "train" or not calls or s.reference.answer is None or s.elicitation:
             continue
-        if sum(len(c.result or "") for c in calls) > max_result_chars:
+        if _result_chars(s) > max_result_chars:
             continue
         kind = tuple(c.tool for c in calls)
         if set(kind) <= reads:
@@ -552,10 +552,13 @@ def example_scenarios(
     order: list[tuple[str, ...]] = []
     while len(order) < n and any(queues):
         order += [q.pop(0) for q in queues if q][: n - len(order)]
-    return [
-        min(kinds[k], key=lambda s: (sum(len(c.result or "") for c in s.reference.calls), s.id))
-        for k in order
-    ]
+    return [min(kinds[k], key=lambda s: (_result_chars(s), s.id)) for k in order]
+
+
+def _result_chars(scenario: Scenario) -> int:
+    """How long the results of the scenario's reference calls are, together."""
+    calls = scenario.reference.calls if scenario.reference is not None else []
+    return sum(len(c.result or "") for c in calls)
 
 
 async def worked_examples(
