@@ -69,7 +69,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from mcprl.errors import UsageError
+from mcprl.mcp import MCPSession, ToolInfo, tool_access, tool_info
 from mcprl.rewards import Informative, is_informative, success_key
+from mcprl.rollout import RolloutConfig, solve_examples
 from mcprl.scenarios import Reference, Scenario, has_reference, question_kind
 from mcprl.types import TrajectoryGroup
 
@@ -79,10 +81,12 @@ __all__ = [
     "Sampling",
     "ScenarioSampler",
     "ScenarioStats",
+    "example_scenarios",
     "is_informative",
     "relabel_subtask",
     "subtask",
     "task_kind",
+    "worked_examples",
 ]
 
 SUBTASK_TAG = "subtask"
@@ -126,6 +130,52 @@ def task_kind(scenario: Scenario) -> tuple[str, ...]:
     if asks is not None:
         tools = (*tools, f"asks:{asks}")
     return ("hindsight", *tools) if "hindsight" in scenario.tags else tools
+
+
+def example_scenarios(
+    scenarios: Sequence[Scenario], tools: Sequence[ToolInfo], n: int, max_result_chars: int = 2000
+) -> list[Scenario]:
+    """The train tasks `worked_examples` shows: one per kind of task (`task_kind`), kinds taken
+    in turn by the number of reference calls (one call, two, ..., then again), within a length
+    the most common first; of a kind, the task whose reference results are shortest. Only tasks
+    whose calls all go to offered tools that only read (`tool_access`), with results of at most
+    `max_result_chars` in all, so an example costs the server nothing and the prompt little."""
+    reads = {t.name for t in tools if tool_access(t)[0] == "read"}
+    kinds: dict[tuple[str, ...], list[Scenario]] = {}
+    for s in scenarios:
+        calls = s.reference.calls if s.reference is not None else []
+        if s.split != "train" or not calls or s.reference.answer is None or s.elicitation:
+            continue
+        if _result_chars(s) <= max_result_chars and {c.tool for c in calls} <= reads:
+            kinds.setdefault(task_kind(s), []).append(s)
+    by_length: dict[int, list[tuple[str, ...]]] = {}
+    for kind in sorted(kinds, key=lambda k: (-len(kinds[k]), k)):
+        by_length.setdefault(_reference_calls(kinds[kind][0]), []).append(kind)
+    queues = [by_length[length] for length in sorted(by_length)]
+    order: list[tuple[str, ...]] = []
+    while len(order) < n and any(queues):
+        order += [q.pop(0) for q in queues if q][: n - len(order)]
+    return [min(kinds[k], key=lambda s: (_result_chars(s), s.id)) for k in order]
+
+
+def _result_chars(scenario: Scenario) -> int:
+    """How long the results of the scenario's reference calls are, together."""
+    calls = scenario.reference.calls if scenario.reference is not None else []
+    return sum(len(c.result or "") for c in calls)
+
+
+async def worked_examples(
+    scenarios: Sequence[Scenario], session: MCPSession, config: RolloutConfig
+) -> list[dict[str, Any]]:
+    """`config.examples` train tasks (`example_scenarios`, among the tools the session offers
+    an attempt) solved once through `session`, as the messages `RolloutConfig.example_messages`
+    takes (`mcprl.rollout.solve_examples`)."""
+    if not config.examples:
+        return []
+    tools = await session.list_tools()
+    offered = [tool_info(t) for t in tools if t.name not in config.hidden_tools]
+    picked = example_scenarios(scenarios, offered, config.examples)
+    return await solve_examples(picked, session, config)
 
 
 def subtask(scenario: Scenario, step: int) -> Scenario:

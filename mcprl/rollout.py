@@ -72,7 +72,6 @@ from mcprl.mcp import (
     describe_elicitation,
     open_session,
     openai_tools,
-    tool_access,
     tool_info,
 )
 from mcprl.policy import Policy, policy_client
@@ -86,10 +85,9 @@ __all__ = [
     "RolloutConfig",
     "answer_type",
     "complete_task_tool",
-    "example_scenarios",
     "rollout",
+    "solve_examples",
     "turn_budget",
-    "worked_examples",
 ]
 
 logger = logging.getLogger(__name__)
@@ -297,8 +295,9 @@ class RolloutConfig(BaseModel):
         description="worked examples that open every attempt's conversation, after the system "
         "prompt: solved tasks of the set's train split, one per kind of task (its reference "
         "calls in order, each with the server's live result, then complete_task with the "
-        "answer), as `worked_examples` picks them. Shown, never trained on, and not part of "
-        "the attempt's messages; a trained model is evaluated with the same number. 0: none",
+        "answer), as `mcprl.curriculum.worked_examples` picks them. Shown, never trained on, "
+        "and not part of the attempt's messages; a trained model is evaluated with the same "
+        "number. 0: none",
     )
     example_messages: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -525,59 +524,21 @@ async def _guide(
     return k
 
 
-def example_scenarios(
-    scenarios: Sequence[Scenario], tools: Sequence[ToolInfo], n: int, max_result_chars: int = 1000
-) -> list[Scenario]:
-    """The train scenarios `worked_examples` shows: one per kind of task (the tools its
-    reference calls, in order), kinds taken in turn by the number of calls (one call, two, ...,
-    then again), within a length the most common first; of a kind, the task whose reference
-    results are shortest. Only tasks whose calls all go to offered tools that only read
-    (`tool_access`), with results of at most `max_result_chars` in all, so an example costs
-    the server nothing and the prompt little."""
-    reads = {t.name for t in tools if tool_access(t)[0] == "read"}
-    kinds: dict[tuple[str, ...], list[Scenario]] = {}
-    for s in scenarios:
-        calls = s.reference.calls if s.reference is not None else []
-        if s.split != "train" or not calls or s.reference.answer is None or s.elicitation:
-            continue
-        if _result_chars(s) > max_result_chars:
-            continue
-        kind = tuple(c.tool for c in calls)
-        if set(kind) <= reads:
-            kinds.setdefault(kind, []).append(s)
-    by_length: dict[int, list[tuple[str, ...]]] = {}
-    for kind in sorted(kinds, key=lambda k: (-len(kinds[k]), k)):
-        by_length.setdefault(len(kind), []).append(kind)
-    queues = [by_length[length] for length in sorted(by_length)]
-    order: list[tuple[str, ...]] = []
-    while len(order) < n and any(queues):
-        order += [q.pop(0) for q in queues if q][: n - len(order)]
-    return [min(kinds[k], key=lambda s: (_result_chars(s), s.id)) for k in order]
-
-
-def _result_chars(scenario: Scenario) -> int:
-    """How long the results of the scenario's reference calls are, together."""
-    calls = scenario.reference.calls if scenario.reference is not None else []
-    return sum(len(c.result or "") for c in calls)
-
-
-async def worked_examples(
-    scenarios: Sequence[Scenario], session: MCPSession, config: RolloutConfig
+async def solve_examples(
+    examples: Sequence[Scenario], session: MCPSession, config: RolloutConfig
 ) -> list[dict[str, Any]]:
-    """`config.examples` solved tasks as the messages of a conversation (`example_scenarios`
+    """The given tasks, solved by their references, as the messages of one conversation (the
+    worked examples `RolloutConfig.example_messages` takes; `mcprl.curriculum.worked_examples`
     picks them): each task as an attempt's user turn states it, its reference calls one a turn
     with the server's live result (so a result reads as an attempt's would), then complete_task
-    with the reference answer. `RolloutConfig.example_messages` takes them."""
-    if not config.examples:
-        return []
-    tools = [t for t in await session.list_tools() if t.name not in config.hidden_tools]
+    with the reference answer."""
     messages: list[dict[str, Any]] = []
-    offered = [tool_info(t) for t in tools]
-    for i, s in enumerate(example_scenarios(scenarios, offered, config.examples)):
+    for i, s in enumerate(examples):
+        if s.reference is None or s.reference.answer is None:
+            raise UsageError(f"scenario {s.id!r} has no reference answer to show it solved by")
         kind = answer_type(s) if config.typed_answer else None
         budget = config.model_copy(update={"max_turns": turn_budget(s, config)})
         messages.append({"role": "user", "content": user_message(s, budget, kind)})
-        assert s.reference is not None  # example_scenarios takes only tasks with calls
         for j, call in enumerate(s.reference.calls):
             result = await session.call_tool(
                 call.tool, call.arguments, timeout=config.tool_timeout, results_as=config.results_as

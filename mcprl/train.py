@@ -79,13 +79,14 @@ from mcprl.curriculum import (
     ScenarioSampler,
     is_informative,
     relabel_subtask,
+    worked_examples,
 )
 from mcprl.errors import JudgeFailedError, PreflightError, UsageError
 from mcprl.hindsight import hindsight_tasks
 from mcprl.mcp import ServerInfo, inspect_server, open_session, writing_tools
 from mcprl.model import TrainableModel, policy_client
 from mcprl.rewards import ReferenceReward, Reward, RewardFn, winning_tool
-from mcprl.rollout import RolloutConfig, worked_examples
+from mcprl.rollout import RolloutConfig
 from mcprl.scenarios import Scenario, ScenarioSet, hidden_writers
 from mcprl.tokens import check_token_data
 from mcprl.training import LoraConfig, TrainConfig
@@ -564,7 +565,7 @@ class TrainingRun:
 
     async def _show_examples(self) -> None:
         """Solve `rollout.examples` train tasks once, for every attempt's conversation to open
-        with (`mcprl.rollout.worked_examples`), and say which."""
+        with (`mcprl.curriculum.worked_examples`), and say which."""
         rollout = self.config.rollout
         async with open_session(self.server, max_result_chars=rollout.max_result_chars) as session:
             messages = await worked_examples(self.scenarios, session, rollout)

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from mcprl.scenarios import Reference, Scenario
+from mcprl.scenarios import Reference, ReferenceCall, Scenario
 
 # "What is the average of 23, 38 and 86?": a chain of three calls, each fed by the one before
 AVERAGE = Scenario(
@@ -34,6 +34,15 @@ AVERAGE = Scenario(
 )
 
 _ID = re.compile(r'<trajectory_[0-9a-f]+ id="([^"]+)">')
+
+
+def solved_scenario(
+    sid: str, calls: list[tuple[str, dict, str]], answer: str, split: str = "train"
+) -> Scenario:
+    """A scenario with reference `calls` (tool, arguments, result) and `answer`."""
+    refs = [ReferenceCall(tool=t, arguments=a, result=r) for t, a, r in calls]
+    return Scenario(id=sid, task=f"Task {sid}?", difficulty=len(calls), split=split,
+                    reference=Reference(answer=answer, calls=refs))  # fmt: skip
 
 
 def judge_ids(messages: list[dict[str, Any]]) -> list[str]:

@@ -12,13 +12,14 @@ import pytest
 
 from mcprl.cli._display import _own_attempts
 from mcprl.console import Console
-from mcprl.curriculum import ScenarioSampler, is_informative
+from mcprl.curriculum import ScenarioSampler, example_scenarios, is_informative
+from mcprl.mcp import ToolInfo
 from mcprl.report import write_report
 from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
 from mcprl.types import Trajectory, TrajectoryGroup
 from tests.fakes import FakeBackend
-from tests.helpers import LocalChatServer, load_example
+from tests.helpers import LocalChatServer, load_example, solved_scenario
 
 
 def _scenario(sid: str, difficulty: int = 1, answer: str = "5") -> Scenario:
@@ -1243,3 +1244,34 @@ async def test_a_run_solves_its_worked_examples_once_says_which_and_opens_every_
     for t in attempts:  # the attempt's messages are its own
         assert t.messages[1]["content"].startswith("Please complete this task: Task c")
         assert t.metadata["worked_examples"] == 1
+
+
+def test_worked_examples_are_one_train_task_a_kind_that_only_reads_short_chains_first():
+    tools = [
+        ToolInfo(name="search", input_schema={}, annotations={"readOnlyHint": True}),
+        ToolInfo(name="get", input_schema={}, annotations={"readOnlyHint": True}),
+        ToolInfo(name="delete_row", input_schema={}),  # its name says it writes
+    ]
+    scenarios = [
+        solved_scenario("s-long", [("search", {"q": "a"}, "x" * 50)], "1"),
+        solved_scenario("s-short", [("search", {"q": "b"}, "x")], "1"),  # the kind's shortest
+        solved_scenario("s-val", [("search", {"q": "c"}, "")], "1", split="val"),  # never shown
+        solved_scenario("sg", [("search", {"q": "d"}, "x"), ("get", {"id": 1}, "y")], "2"),
+        solved_scenario("g1", [("get", {"id": 2}, "y")], "3"),
+        solved_scenario("g2", [("get", {"id": 3}, "y")], "3"),
+        solved_scenario(
+            "gg", [("get", {"id": 4}, "y" * 1500), ("get", {"id": 5}, "y" * 501)], "3"
+        ),  # results too long
+        solved_scenario("del", [("delete_row", {"id": 5}, "ok")], "ok"),  # it writes
+    ]
+    picked = [s.id for s in example_scenarios(scenarios, tools, 8)]
+    # one-call kinds by how common they are (get: 2 shown-able tasks, search: 2), then chains
+    assert picked == ["g1", "sg", "s-short"]
+    assert [s.id for s in example_scenarios(scenarios, tools, 2)] == ["g1", "sg"]
+    assert example_scenarios(scenarios, tools, 0) == []
+    # a generated count and a lookup through one tool are two kinds (`task_kind`): both shown
+    count = solved_scenario("count", [("search", {"q": "e"}, "x")], "2")
+    lookup = solved_scenario("lookup", [("search", {"q": "f"}, "xx")], "Ada")
+    count.tags, lookup.tags = ["grounded", "count"], ["grounded", "lookup"]
+    picked = [s.id for s in example_scenarios([count, lookup], tools, 4)]
+    assert sorted(picked) == ["count", "lookup"]

@@ -21,9 +21,9 @@ from mcprl import (
     rollout,
     write_groups,
 )
-from mcprl.mcp import ToolInfo, open_session
+from mcprl.mcp import open_session
 from mcprl.rewards import answer_matches, calls_matched, reference_reward, scorer
-from mcprl.rollout import answer_type, example_scenarios, turn_budget, worked_examples
+from mcprl.rollout import answer_type, solve_examples, turn_budget
 from mcprl.scenarios import Reference, ReferenceCall, Scenario
 from tests.helpers import (
     EXAMPLES,
@@ -31,6 +31,7 @@ from tests.helpers import (
     chat_completion,
     fragile_server,
     load_example,
+    solved_scenario,
 )
 
 pytestmark = pytest.mark.anyio
@@ -981,42 +982,12 @@ async def test_a_pinned_call_gets_the_tokens_to_be_written_whole(calculator):
     assert first["max_tokens"] >= len(json.dumps(long)) and second["max_tokens"] == 8
 
 
-def _solved(sid: str, calls: list[tuple[str, dict, str]], answer: str, split="train") -> Scenario:
-    refs = [ReferenceCall(tool=t, arguments=a, result=r) for t, a, r in calls]
-    task = f"Task {sid}?"
-    return Scenario(id=sid, task=task, difficulty=len(calls), split=split,
-                    reference=Reference(answer=answer, calls=refs))  # fmt: skip
-
-
-def test_worked_examples_are_one_train_task_a_kind_that_only_reads_short_chains_first():
-    tools = [
-        ToolInfo(name="search", input_schema={}, annotations={"readOnlyHint": True}),
-        ToolInfo(name="get", input_schema={}, annotations={"readOnlyHint": True}),
-        ToolInfo(name="delete_row", input_schema={}),  # its name says it writes
-    ]
-    scenarios = [
-        _solved("s-long", [("search", {"q": "a"}, "x" * 50)], "1"),
-        _solved("s-short", [("search", {"q": "b"}, "x")], "1"),  # the kind's shortest
-        _solved("s-val", [("search", {"q": "c"}, "")], "1", split="val"),  # never shown
-        _solved("sg", [("search", {"q": "d"}, "x"), ("get", {"id": 1}, "y")], "2"),
-        _solved("g1", [("get", {"id": 2}, "y")], "3"),
-        _solved("g2", [("get", {"id": 3}, "y")], "3"),
-        _solved("g3", [("get", {"id": 4}, "y" * 2000)], "3"),  # results too long to show
-        _solved("del", [("delete_row", {"id": 5}, "ok")], "ok"),  # changes the server's data
-    ]
-    picked = [s.id for s in example_scenarios(scenarios, tools, 8)]
-    # one-call kinds by how common they are (get: 2 shown-able tasks, search: 2), then chains
-    assert picked == ["g1", "sg", "s-short"]
-    assert [s.id for s in example_scenarios(scenarios, tools, 2)] == ["g1", "sg"]
-    assert example_scenarios(scenarios, tools, 0) == []
-
-
 async def test_worked_examples_open_every_request_and_are_not_the_attempts_own(calculator):
     chain = [("add", {"a": 2, "b": 3}, "5"), ("multiply", {"a": 5, "b": 4}, "20")]
-    scenarios = [_solved("one", chain[:1], "5"), _solved("two", chain, "20")]
-    config = RolloutConfig(examples=2)
+    scenarios = [solved_scenario("one", chain[:1], "5"), solved_scenario("two", chain, "20")]
+    config = RolloutConfig()
     async with open_session(calculator) as session:
-        shown = await worked_examples(scenarios, session, config)
+        shown = await solve_examples(scenarios, session, config)
     roles = [m["role"] for m in shown]
     assert roles == ["user", *["assistant", "tool"] * 2, "user", *["assistant", "tool"] * 3]
     assert shown[0]["content"].startswith("Please complete this task: Task one?")

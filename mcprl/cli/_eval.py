@@ -16,6 +16,7 @@ from mcprl.errors import UsageError
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from mcprl.curriculum import worked_examples
     from mcprl.evaluate import (
         EvalWriter,
         backend_models,
@@ -26,7 +27,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     from mcprl.mcp import inspect_server, open_session
     from mcprl.model import LiteLLMModel
-    from mcprl.rollout import worked_examples
     from mcprl.scenarios import hidden_writers
     from mcprl.train import local_judge
     from ruler import Judge
