@@ -60,7 +60,7 @@ def _mcprl(*args: str, log: Path) -> float:
 
 # `mcprl train` flags that `mcprl eval` takes too, and that change how an attempt is made
 _EVAL_VALUED = ("--dtype", "--device", "--temperature", "--top-p", "--min-p", "--max-turns",
-                "--max-tokens", "--results-as", "--examples")  # fmt: skip
+                "--max-tokens", "--results-as", "--examples", "--example-choice")  # fmt: skip
 _EVAL_SWITCHES = ("--early-answer", "--answer-last", "--fresh-sessions", "--allow-writes")
 
 

@@ -63,9 +63,11 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from typing import Any, Literal, get_args
 
 from mcprl.errors import UsageError
@@ -84,9 +86,11 @@ __all__ = [
     "example_scenarios",
     "is_informative",
     "relabel_subtask",
+    "similar_scenarios",
     "subtask",
     "task_kind",
-    "worked_examples",
+    "task_wording",
+    "with_worked_examples",
 ]
 
 SUBTASK_TAG = "subtask"
@@ -135,19 +139,13 @@ def task_kind(scenario: Scenario) -> tuple[str, ...]:
 def example_scenarios(
     scenarios: Sequence[Scenario], tools: Sequence[ToolInfo], n: int, max_result_chars: int = 2000
 ) -> list[Scenario]:
-    """The train tasks `worked_examples` shows: one per kind of task (`task_kind`), kinds taken
-    in turn by the number of reference calls (one call, two, ..., then again), within a length
-    the most common first; of a kind, the task whose reference results are shortest. Only tasks
-    whose calls all go to offered tools that only read (`tool_access`), with results of at most
-    `max_result_chars` in all, so an example costs the server nothing and the prompt little."""
-    reads = {t.name for t in tools if tool_access(t)[0] == "read"}
+    """The train tasks shown as worked examples to every task (`example_choice` kinds): one per
+    kind of task (`task_kind`), kinds taken in turn by the number of reference calls (one call,
+    two, ..., then again), within a length the most common first; of a kind, the task whose
+    reference results are shortest. Only tasks `_showable` among `tools`."""
     kinds: dict[tuple[str, ...], list[Scenario]] = {}
-    for s in scenarios:
-        calls = s.reference.calls if s.reference is not None else []
-        if s.split != "train" or not calls or s.reference.answer is None or s.elicitation:
-            continue
-        if _result_chars(s) <= max_result_chars and {c.tool for c in calls} <= reads:
-            kinds.setdefault(task_kind(s), []).append(s)
+    for s in _showable(scenarios, tools, max_result_chars):
+        kinds.setdefault(task_kind(s), []).append(s)
     by_length: dict[int, list[tuple[str, ...]]] = {}
     for kind in sorted(kinds, key=lambda k: (-len(kinds[k]), k)):
         by_length.setdefault(_reference_calls(kinds[kind][0]), []).append(kind)
@@ -158,24 +156,108 @@ def example_scenarios(
     return [min(kinds[k], key=lambda s: (_result_chars(s), s.id)) for k in order]
 
 
+def similar_scenarios(
+    scenarios: Sequence[Scenario],
+    tools: Sequence[ToolInfo],
+    n: int,
+    max_result_chars: int = 2000,
+) -> dict[str, list[Scenario]]:
+    """Each scenario's worked examples (`example_choice` similar), by id: the `n` train tasks
+    `_showable` among `tools` worded most like it (`task_wording`, compared as sequences of
+    words), other than itself or one worded the same; of two alike, the one with shorter
+    results. Only the task's words decide, as they would for a question a user asks."""
+    pool = _showable(scenarios, tools, max_result_chars)
+    if n <= 0 or not pool:
+        return {}
+    wording = {s.id: task_wording(s.task) for s in scenarios}
+    likeness: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}
+
+    def alike(a: tuple[str, ...], b: tuple[str, ...]) -> float:
+        if (a, b) not in likeness:
+            likeness[a, b] = SequenceMatcher(None, a, b, autojunk=False).ratio()
+        return likeness[a, b]
+
+    out: dict[str, list[Scenario]] = {}
+    for s in scenarios:
+        others = [c for c in pool if c.id != s.id and c.task != s.task]
+        others.sort(key=lambda c: (-alike(wording[s.id], wording[c.id]), _result_chars(c), c.id))
+        out[s.id] = others[:n]
+    return out
+
+
+_QUOTED = re.compile(r'"[^"]*"|\u201c[^\u201d]*\u201d')
+_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)*")
+_JOINERS = {"of", "the", "a", "an"}  # inside a name: "The Call of the Wild"
+
+
+def task_wording(task: str) -> tuple[str, ...]:
+    """A task's words with what varies from one task of a family to the next set aside: quoted
+    text (Q), numbers (N), and names (a capitalised word after the first, with the small words
+    inside one, as one E), the rest lower-cased. "How much does The Call of the Wild cost?" and
+    "How much does Dracula cost?" read the same."""
+    text = _NUMBER.sub(" N ", _QUOTED.sub(" Q ", task))
+    words = re.findall(r"\w+", text)
+    out: list[str] = []
+    for i, word in enumerate(words):
+        if word in ("Q", "N"):
+            out.append(word)
+        elif i > 0 and word[0].isupper():
+            if out and out[-1] == "E":
+                continue
+            while out and out[-1] in _JOINERS and len(out) > 1 and out[-2] == "E":
+                out.pop()  # "E of the" + a capitalised word: one name
+            out.append("E")
+        else:
+            out.append(word.lower())
+    return tuple(out)
+
+
+def _showable(
+    scenarios: Sequence[Scenario], tools: Sequence[ToolInfo], max_result_chars: int
+) -> list[Scenario]:
+    """Train tasks with a reference answer whose calls all go to offered `tools` that only read
+    (`tool_access`), with results of at most `max_result_chars` in all: an example costs the
+    server nothing and the prompt little."""
+    reads = {t.name for t in tools if tool_access(t)[0] == "read"}
+    out = []
+    for s in scenarios:
+        calls = s.reference.calls if s.reference is not None else []
+        if s.split != "train" or not calls or s.reference.answer is None or s.elicitation:
+            continue
+        if _result_chars(s) <= max_result_chars and {c.tool for c in calls} <= reads:
+            out.append(s)
+    return out
+
+
 def _result_chars(scenario: Scenario) -> int:
     """How long the results of the scenario's reference calls are, together."""
     calls = scenario.reference.calls if scenario.reference is not None else []
     return sum(len(c.result or "") for c in calls)
 
 
-async def worked_examples(
+async def with_worked_examples(
     scenarios: Sequence[Scenario], session: MCPSession, config: RolloutConfig
-) -> list[dict[str, Any]]:
-    """`config.examples` train tasks (`example_scenarios`, among the tools the session offers
-    an attempt) solved once through `session`, as the messages `RolloutConfig.example_messages`
-    takes (`mcprl.rollout.solve_examples`)."""
+) -> RolloutConfig:
+    """`config` with its `examples` worked examples (as `example_choice` picks them among the
+    tools `session` offers an attempt) solved once through `session`
+    (`mcprl.rollout.solve_examples`): `example_messages` for kinds, `examples_by_task` for
+    similar. Unchanged when `examples` is 0."""
     if not config.examples:
-        return []
+        return config
     tools = await session.list_tools()
     offered = [tool_info(t) for t in tools if t.name not in config.hidden_tools]
-    picked = example_scenarios(scenarios, offered, config.examples)
-    return await solve_examples(picked, session, config)
+    if config.example_choice == "kinds":
+        picked = example_scenarios(scenarios, offered, config.examples)
+        messages = await solve_examples(picked, session, config)
+        return config.model_copy(update={"example_messages": messages})
+    by_task = similar_scenarios(scenarios, offered, config.examples)
+    solved: dict[str, list[dict[str, Any]]] = {}
+    for picked in by_task.values():
+        for s in picked:
+            if s.id not in solved:
+                solved[s.id] = await solve_examples([s], session, config)
+    shown = {sid: [m for s in picked for m in solved[s.id]] for sid, picked in by_task.items()}
+    return config.model_copy(update={"examples_by_task": shown})
 
 
 def subtask(scenario: Scenario, step: int) -> Scenario:

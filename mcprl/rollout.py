@@ -293,16 +293,29 @@ class RolloutConfig(BaseModel):
         ge=0,
         le=8,
         description="worked examples that open every attempt's conversation, after the system "
-        "prompt: solved tasks of the set's train split, one per kind of task (its reference "
-        "calls in order, each with the server's live result, then complete_task with the "
-        "answer), as `mcprl.curriculum.worked_examples` picks them. Shown, never trained on, "
-        "and not part of the attempt's messages; a trained model is evaluated with the same "
-        "number. 0: none",
+        "prompt: solved tasks of the set's train split (their reference calls in order, each "
+        "with the server's live result, then complete_task with the answer), as "
+        "`example_choice` and `mcprl.curriculum.with_worked_examples` pick them. Shown, never "
+        "trained on, and not part of the attempt's messages; a trained model is evaluated "
+        "with the same number. 0: none",
+    )
+    example_choice: Literal["kinds", "similar"] = Field(
+        default="kinds",
+        description="kinds: the same worked examples for every task, one per kind of task; "
+        "similar: for each task the train tasks worded most like it (numbers, names and "
+        "quoted text aside), other than itself",
     )
     example_messages: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="the worked examples' messages, set from `examples` where the scenario set "
-        "is known (`mcprl train` before its first step, `mcprl eval` before its attempts)",
+        description="the worked examples' messages (`example_choice` kinds), set from "
+        "`examples` where the scenario set is known (`mcprl train` before its first step, "
+        "`mcprl eval` before its attempts)",
+    )
+    examples_by_task: dict[str, list[dict[str, Any]]] = Field(
+        default_factory=dict,
+        description="each task's worked examples' messages, by scenario id (`example_choice` "
+        "similar), set as `example_messages` is; a task it lacks (a hindsight task made "
+        "during the run) is shown none",
     )
 
 
@@ -414,6 +427,9 @@ async def rollout(
             {"role": "system", "content": _system_prompt(config)},
             {"role": "user", "content": user_message(scenario, config, kind)},
         ]
+        if config.examples_by_task:
+            shown = config.examples_by_task.get(scenario.id, [])
+            config = config.model_copy(update={"example_messages": shown})
         if config.example_messages:
             traj.metadata["worked_examples"] = sum(
                 m["role"] == "user" for m in config.example_messages
@@ -528,12 +544,12 @@ async def solve_examples(
     examples: Sequence[Scenario], session: MCPSession, config: RolloutConfig
 ) -> list[dict[str, Any]]:
     """The given tasks, solved by their references, as the messages of one conversation (the
-    worked examples `RolloutConfig.example_messages` takes; `mcprl.curriculum.worked_examples`
-    picks them): each task as an attempt's user turn states it, its reference calls one a turn
-    with the server's live result (so a result reads as an attempt's would), then complete_task
-    with the reference answer."""
+    worked examples `RolloutConfig.example_messages` takes; `mcprl.curriculum` picks them):
+    each task as an attempt's user turn states it, its reference calls one a turn with the
+    server's live result (so a result reads as an attempt's would), then complete_task with
+    the reference answer."""
     messages: list[dict[str, Any]] = []
-    for i, s in enumerate(examples):
+    for s in examples:
         if s.reference is None or s.reference.answer is None:
             raise UsageError(f"scenario {s.id!r} has no reference answer to show it solved by")
         kind = answer_type(s) if config.typed_answer else None
@@ -543,12 +559,12 @@ async def solve_examples(
             result = await session.call_tool(
                 call.tool, call.arguments, timeout=config.tool_timeout, results_as=config.results_as
             )
-            call_id = f"example_{i + 1}_{j + 1}"
+            call_id = f"example_{s.id}_{j + 1}"
             messages.append({"role": "assistant", "content": None, "tool_calls": [
                 _function_call(call_id, call.tool, json.dumps(call.arguments))]})  # fmt: skip
             messages.append({"role": "tool", "tool_call_id": call_id, "content": result.text})
         answer = _answer_call(complete_task_tool(kind), str(s.reference.answer))
-        call_id = f"example_{i + 1}_answer"
+        call_id = f"example_{s.id}_answer"
         messages.append({"role": "assistant", "content": None, "tool_calls": [
             _function_call(call_id, COMPLETE_TASK, json.dumps(answer["arguments"]))]})  # fmt: skip
         messages.append({"role": "tool", "tool_call_id": call_id, "content": TASK_DONE})

@@ -79,7 +79,7 @@ from mcprl.curriculum import (
     ScenarioSampler,
     is_informative,
     relabel_subtask,
-    worked_examples,
+    with_worked_examples,
 )
 from mcprl.errors import JudgeFailedError, PreflightError, UsageError
 from mcprl.hindsight import hindsight_tasks
@@ -564,22 +564,42 @@ class TrainingRun:
         self.sampler = await self._sampler()
 
     async def _show_examples(self) -> None:
-        """Solve `rollout.examples` train tasks once, for every attempt's conversation to open
-        with (`mcprl.curriculum.worked_examples`), and say which."""
+        """Solve the worked examples every attempt opens with (`rollout.examples`, as
+        `rollout.example_choice` picks them) once, and say which
+        (`mcprl.curriculum.with_worked_examples`)."""
         rollout = self.config.rollout
         async with open_session(self.server, max_result_chars=rollout.max_result_chars) as session:
-            messages = await worked_examples(self.scenarios, session, rollout)
-        self.config.rollout = rollout.model_copy(update={"example_messages": messages})
-        tasks = [m["content"].split("\n")[0] for m in messages if m["role"] == "user"]
-        if not tasks:
+            rollout = await with_worked_examples(self.scenarios, session, rollout)
+        self.config.rollout = rollout
+        if rollout.example_choice == "similar":
+            by_task = rollout.examples_by_task
+            shown = {m["content"] for ms in by_task.values() for m in ms if m["role"] == "user"}
+            if not shown:
+                self._say_no_examples()
+                return
             self.say(
-                "  no worked examples: no train task has reference calls to tools that only "
-                "read, with short results"
+                f"  each task opens with the {rollout.examples} train task(s) worded most like "
+                f"it, solved ({len(shown)} different ones in all), for example:"
             )
+            tasks_of = {s.id: s.task for s in self.scenarios}
+            for sid, messages in list(by_task.items())[:3]:
+                task = tasks_of[sid]
+                tasks = [_task_line(m["content"]) for m in messages if m["role"] == "user"]
+                self.say(f"    {task}  <-  {' | '.join(tasks) or '(none)'}")
+            return
+        tasks = [_task_line(m["content"]) for m in rollout.example_messages if m["role"] == "user"]
+        if not tasks:
+            self._say_no_examples()
             return
         self.say(f"  {len(tasks)} worked example(s) open every attempt:")
         for task in tasks:
-            self.say(f"    {task.removeprefix('Please complete this task: ')}")
+            self.say(f"    {task}")
+
+    def _say_no_examples(self) -> None:
+        self.say(
+            "  no worked examples: no train task has reference calls to tools that only "
+            "read, with short results"
+        )
 
     async def _resolve_scenarios(self, given, make) -> ScenarioSet:
         kept = await self.backend.read_file(self.model, "scenarios.jsonl")
@@ -1194,6 +1214,11 @@ class TrainingRun:
         with anyio.CancelScope(shield=True):
             await self.backend.log(self.model, metrics, "val", groups)
             await self._record({"step": step, **{f"val/{k}": v for k, v in metrics.items()}})
+
+
+def _task_line(user_message: str) -> str:
+    """The task a worked example's user turn states, without the turn budget after it."""
+    return user_message.split("\n")[0].removeprefix("Please complete this task: ")
 
 
 def _help_kind(start: dict[str, Any]) -> str:

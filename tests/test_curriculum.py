@@ -1246,6 +1246,40 @@ async def test_a_run_solves_its_worked_examples_once_says_which_and_opens_every_
         assert t.metadata["worked_examples"] == 1
 
 
+@pytest.mark.anyio
+async def test_with_similar_examples_each_task_opens_with_another_worded_like_it(tmp_path):
+    from mcprl.rollout import RolloutConfig
+
+    scenarios = ScenarioSet([_chain("c1"), _chain("c0"), _chain("val")])
+    for s, split in zip(scenarios.scenarios, ["train", "train", "val"], strict=True):
+        s.split = split
+    with LocalChatServer(_policy) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        rollout = RolloutConfig(examples=1, example_choice="similar")
+        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1,
+                           eval_every=0, reward="reference", write_report=False, explore=0,
+                           demonstrate=0, rollout=rollout)  # fmt: skip
+        said: list[str] = []
+        run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
+                          say=said.append)  # fmt: skip
+        await run.prepare(scenarios)
+        await run._step(_summary(run))
+    assert "  each task opens with the 1 train task(s) worded most like it, solved (2 " \
+        "different ones in all), for example:" in said  # fmt: skip
+    by_task = run.config.rollout.examples_by_task
+    first_task = {sid: ms[0]["content"].split("\n")[0] for sid, ms in by_task.items()}
+    assert first_task == {
+        "c0": "Please complete this task: Task c1: add 2 and 3, then times 4.",
+        "c1": "Please complete this task: Task c0: add 2 and 3, then times 4.",
+        "val": "Please complete this task: Task c0: add 2 and 3, then times 4.",
+    }
+    assert len(server.requests) == 4
+    for request in server.requests:  # each attempt opens with the other train task, solved
+        task = request["messages"][1 + len(by_task["c0"])]["content"]
+        sid = "c0" if "Task c0:" in task else "c1"
+        assert request["messages"][1 : 1 + len(by_task[sid])] == by_task[sid]
+
+
 def test_worked_examples_are_one_train_task_a_kind_that_only_reads_short_chains_first():
     tools = [
         ToolInfo(name="search", input_schema={}, annotations={"readOnlyHint": True}),
@@ -1275,3 +1309,51 @@ def test_worked_examples_are_one_train_task_a_kind_that_only_reads_short_chains_
     count.tags, lookup.tags = ["grounded", "count"], ["grounded", "lookup"]
     picked = [s.id for s in example_scenarios([count, lookup], tools, 4)]
     assert sorted(picked) == ["count", "lookup"]
+
+
+def test_names_numbers_and_quoted_text_aside_tasks_of_one_family_read_the_same():
+    from mcprl.curriculum import task_wording
+
+    assert task_wording("How much does The Call of the Wild cost?") == task_wording(
+        "How much does Dracula cost?"
+    )
+    assert task_wording('Is there a commit named "Add soda bread"?') == task_wording(
+        'Is there a commit named "Art"?'
+    )
+    assert task_wording("What is the average of 23, 38 and 86?") == (
+        "what", "is", "the", "average", "of", "N", "N", "and", "N",
+    )  # fmt: skip
+    assert task_wording("How many copies of Emma and Dracula?") != task_wording(
+        "How many copies of Emma?"
+    )  # two names are not one
+
+
+def test_each_task_is_shown_the_train_tasks_worded_most_like_it_never_itself():
+    from mcprl.curriculum import similar_scenarios
+
+    tools = [ToolInfo(name=n, input_schema={}, annotations={"readOnlyHint": True})
+             for n in ("search", "get")]  # fmt: skip
+
+    def task(sid: str, text: str, calls: int = 1, split: str = "train", result: str = "x"):
+        s = solved_scenario(sid, [("search", {"q": sid}, result)] * calls, "1", split=split)
+        return s.model_copy(update={"task": text})
+
+    scenarios = [
+        task("price-1", "How much does Dracula cost?", 2),
+        task("price-2", "How much does The Call of the Wild cost?", 2),
+        task("price-long", "How much does Emma cost?", 2, result="x" * 1500),
+        task("count-1", "How many books by Mary Shelley are in the catalog?"),
+        task("count-2", "How many books by Jane Austen are in the catalog?"),
+        task("val-price", "How much does Peter Pan cost?", 2, split="val"),
+        task("val-count", "How many books by H. G. Wells are in the catalog?", split="val"),
+    ]
+    picked = {sid: [s.id for s in shown] for sid, shown in
+              similar_scenarios(scenarios, tools, 1).items()}  # fmt: skip
+    assert picked["val-price"] == ["price-1"]  # of the alike, the shorter results
+    assert picked["val-count"] == ["count-1"]
+    assert picked["price-1"] == ["price-2"] and picked["count-1"] == ["count-2"]  # not itself
+    assert "val-price" not in {s for v in picked.values() for s in v}  # val is never shown
+    assert [s.id for s in similar_scenarios(scenarios, tools, 2)["val-count"]] == [
+        "count-1", "count-2",
+    ]  # fmt: skip
+    assert similar_scenarios(scenarios, tools[1:], 1) == {}  # no call to a shown tool

@@ -1008,3 +1008,21 @@ async def test_worked_examples_open_every_request_and_are_not_the_attempts_own(c
     assert [m["role"] for m in t.messages] == ["system", "user", *["assistant", "tool"] * 2]
     assert t.metadata["worked_examples"] == 2 and t.choices[0].message_index == 2
     assert reference_reward(t, SCENARIO) == 1.0  # the examples' calls are not the attempt's
+
+
+async def test_a_task_opens_with_its_own_worked_examples_where_each_task_has_some(calculator):
+    chain = [("add", {"a": 2, "b": 3}, "5")]
+    async with open_session(calculator) as session:
+        shown = await solve_examples([solved_scenario("one", chain, "5")], session, RolloutConfig())
+    config = RolloutConfig(examples=1, example_choice="similar",
+                           examples_by_task={SCENARIO.id: shown})  # fmt: skip
+    for scenario, opens_with, examples in [
+        (SCENARIO, shown, 1),
+        (SCENARIO.model_copy(update={"id": "made-later"}), [], 0),  # none for a task it lacks
+    ]:
+        policy = ScriptedPolicy(reply(call("complete_task", {"answer": 42})))
+        t = await rollout(MODEL, scenario, calculator, config, client=policy)
+        sent = policy.requests[0]["messages"]
+        assert sent[1 : 1 + len(opens_with)] == opens_with
+        assert sent[1 + len(opens_with)]["content"].startswith("Please complete this task:")
+        assert t.metadata.get("worked_examples", 0) == examples

@@ -121,6 +121,13 @@ ROLLOUT = [
         metavar="N",
     ),
     Setting(
+        "--example-choice",
+        "example_choice",
+        "which train tasks --examples shows: kinds, the same for every task, one per kind of "
+        "task; similar, for each task those worded most like it (a retrieval of solved "
+        "examples by the task's words, as for a user's question)",
+    ),
+    Setting(
         "--results-as",
         "results_as",
         "a tool result that comes as structured content and as text saying the same is "
