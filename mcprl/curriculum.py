@@ -202,10 +202,12 @@ def task_wording(task: str) -> tuple[str, ...]:
         if word in ("Q", "N"):
             out.append(word)
         elif i > 0 and word[0].isupper():
-            if out and out[-1] == "E":
+            j = len(out)
+            while j > 0 and out[j - 1] in _JOINERS:
+                j -= 1
+            if j > 0 and out[j - 1] == "E":  # "E", or "E of the", then a capitalised word
+                del out[j:]
                 continue
-            while out and out[-1] in _JOINERS and len(out) > 1 and out[-2] == "E":
-                out.pop()  # "E of the" + a capitalised word: one name
             out.append("E")
         else:
             out.append(word.lower())
