@@ -216,17 +216,20 @@ async def _run_of(spec: str, backend: Backend, project: str) -> tuple[Any, str] 
     return model, step
 
 
-async def trained_examples(specs: Sequence[str], backend: Backend, project: str) -> dict[str, int]:
-    """The number of worked examples (`RolloutConfig.examples`) each run among `specs` trained
-    with, as its run_config.json says."""
+async def trained_examples(
+    specs: Sequence[str], backend: Backend, project: str
+) -> dict[str, tuple[int, str]]:
+    """The worked examples each run among `specs` trained with, as its run_config.json says:
+    how many (`RolloutConfig.examples`) and how they were chosen (`example_choice`)."""
     import json
 
-    out: dict[str, int] = {}
+    out: dict[str, tuple[int, str]] = {}
     for spec in specs:
         run = await _run_of(spec, backend, project)
         text = await backend.read_file(run[0], "run_config.json") if run else None
         if text is not None:
-            out[spec] = int(json.loads(text).get("rollout", {}).get("examples", 0))
+            rollout = json.loads(text).get("rollout", {})
+            out[spec] = (int(rollout.get("examples", 0)), rollout.get("example_choice", "kinds"))
     return out
 
 

@@ -1357,3 +1357,17 @@ def test_each_task_is_shown_the_train_tasks_worded_most_like_it_never_itself():
         "count-1", "count-2",
     ]  # fmt: skip
     assert similar_scenarios(scenarios, tools[1:], 1) == {}  # no call to a shown tool
+
+
+@pytest.mark.anyio
+async def test_an_evaluation_reads_how_a_run_chose_its_worked_examples(tmp_path):
+    from mcprl.evaluate import trained_examples
+    from mcprl.model import TrainableModel
+
+    backend = FakeBackend(tmp_path)
+    for name, rollout in [("plain", {}), ("similar", {"examples": 1, "example_choice": "similar"})]:
+        model = TrainableModel(name=name, project="p")
+        await backend.register(model)
+        await backend.write_file(model, "run_config.json", json.dumps({"rollout": rollout}))
+    found = await trained_examples(["plain", "similar@3", "base"], backend, "p")
+    assert found == {"plain": (0, "kinds"), "similar@3": (1, "similar")}  # base: not a run

@@ -43,11 +43,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         info = await inspect_server(args.server)  # the tools a training run on the set offers
         hidden = hidden_writers(info.tools, whole, config.allow_writes)
         config = config.model_copy(update={"hidden_tools": hidden})
-        for spec, n in (await trained_examples(args.models, backend, project)).items():
+        for spec, (n, choice) in (await trained_examples(args.models, backend, project)).items():
             if n != config.examples:
                 say(
                     f"  note: {spec} trained with {n} worked examples and this evaluation shows "
                     f"{config.examples}: `--examples {n}` evaluates it as it trained"
+                )
+            elif n and choice != config.example_choice:
+                say(
+                    f"  note: {spec} trained with worked examples chosen by {choice} and this "
+                    f"evaluation chooses by {config.example_choice}: `--example-choice "
+                    f"{choice}` evaluates it as it trained"
                 )
         if config.examples:  # as `mcprl train --examples` shows them: from the set's train split
             async with open_session(args.server, max_result_chars=config.max_result_chars) as s:
