@@ -58,7 +58,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
 from mcprl.errors import PreflightError, UsageError
 from mcprl.gather import note_turn
@@ -317,15 +317,6 @@ class RolloutConfig(BaseModel):
         "similar), set as `example_messages` is; a task it lacks (a hindsight task made "
         "during the run) is shown none",
     )
-
-    @model_validator(mode="after")
-    def _choice_needs_examples(self) -> RolloutConfig:
-        if self.example_choice != "kinds" and not self.examples:
-            raise ValueError(
-                f"example_choice {self.example_choice!r} chooses which worked examples to show, "
-                "and examples is 0: give examples N (--examples N), 1 or more"
-            )
-        return self
 
 
 def _assistant_message(message: Any) -> dict[str, Any]:

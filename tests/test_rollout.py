@@ -1026,11 +1026,3 @@ async def test_a_task_opens_with_its_own_worked_examples_where_each_task_has_som
         assert sent[1 : 1 + len(opens_with)] == opens_with
         assert sent[1 + len(opens_with)]["content"].startswith("Please complete this task:")
         assert t.metadata.get("worked_examples", 0) == examples
-
-
-def test_choosing_worked_examples_without_any_says_to_give_their_number():
-    from pydantic import ValidationError
-
-    with pytest.raises(ValidationError, match=r"examples is 0: give examples N \(--examples N\)"):
-        RolloutConfig(example_choice="similar")
-    assert RolloutConfig(examples=2, example_choice="similar").examples == 2
