@@ -1280,6 +1280,27 @@ async def test_with_similar_examples_each_task_opens_with_another_worded_like_it
         assert request["messages"][1 : 1 + len(by_task[sid])] == by_task[sid]
 
 
+@pytest.mark.anyio
+async def test_choosing_examples_by_wording_without_a_number_of_them_says_none_are_shown(tmp_path):
+    from mcprl.rollout import RolloutConfig
+
+    scenarios = ScenarioSet([_chain("c1"), _chain("c0")])
+    with LocalChatServer(_policy) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        rollout = RolloutConfig(example_choice="similar")
+        config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
+                           eval_every=0, reward="reference", write_report=False, explore=0,
+                           demonstrate=0, rollout=rollout)  # fmt: skip
+        said: list[str] = []
+        run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
+                          say=said.append)  # fmt: skip
+        await run.prepare(scenarios)
+        await run._step(_summary(run))
+    assert any("--example-choice" in line and "--examples 1" in line for line in said), said
+    for request in server.requests:  # the system prompt, then the task itself
+        assert request["messages"][1]["content"].startswith("Please complete this task: Task c")
+
+
 def test_worked_examples_are_one_train_task_a_kind_that_only_reads_short_chains_first():
     tools = [
         ToolInfo(name="search", input_schema={}, annotations={"readOnlyHint": True}),
