@@ -61,6 +61,7 @@ however its attempts differ in partial credit, and such a group is redrawn and n
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import re
@@ -177,6 +178,7 @@ def similar_scenarios(
     if n <= 0 or not pool:
         return {}
     wording = {s.id: task_wording(s.task) for s in scenarios}
+    chars = {c.id: _result_chars(c) for c in pool}
     likeness: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}
 
     def alike(a: tuple[str, ...], b: tuple[str, ...]) -> float:
@@ -186,9 +188,10 @@ def similar_scenarios(
 
     out: dict[str, list[Scenario]] = {}
     for s in scenarios:
-        others = [c for c in pool if c.id != s.id and c.task != s.task]
-        others.sort(key=lambda c: (-alike(wording[s.id], wording[c.id]), _result_chars(c), c.id))
-        out[s.id] = others[:n]
+        others = (c for c in pool if c.id != s.id and c.task != s.task)
+        out[s.id] = heapq.nsmallest(  # the n best, not a sort of the pool per scenario
+            n, others, key=lambda c: (-alike(wording[s.id], wording[c.id]), chars[c.id], c.id)
+        )
     return out
 
 
