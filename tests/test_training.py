@@ -26,7 +26,7 @@ from mcprl.training import (
     micro_batches,
     split_by_group,
 )
-from mcprl.training._losses import kl_k3
+from mcprl.training._losses import kl_k3, pushed_down_by_probability
 from mcprl.types import Choice, Trajectory, TrajectoryGroup
 
 # -- the loss, checked against a loop over tokens ---------------------------------------------
@@ -100,6 +100,39 @@ def test_losses_and_gradients_match_a_token_loop(variant, norm):
 
     assert math.isclose(vectorised.item(), looped.item(), rel_tol=1e-5, abs_tol=1e-7)
     assert torch.allclose(new_vec.grad, new_loop.grad, atol=1e-6)  # stated tolerance: 1e-6
+
+
+def test_pushed_down_by_probability_a_failed_token_moves_the_update_by_grad_p_not_grad_log_p():
+    """On-policy (ratio 1), a token with advantage A < 0 contributes -A * grad p; one the
+    policy gave p = 1e-4 (a temperature-1 fluke) then barely pulls, where by log p it would pull
+    as hard as a likely mistake. Positive advantages are left as they were."""
+    logits = torch.tensor([[[9.0, 0.0, 0.0], [2.0, 1.0, 0.0]]], requires_grad=True)  # [1, 2, 3]
+    tokens = torch.tensor([[1, 0]])  # the first unlikely (p ~ 1e-4), the second likely
+    mask = torch.ones(1, 2)
+
+    def gradient(adv: torch.Tensor, push_down: str) -> torch.Tensor:
+        logits.grad = None
+        new = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+        if push_down == "prob":
+            adv = pushed_down_by_probability(adv, new)
+        per_token, _ = LOSSES["ppo"](0.2, 0.2).per_token(new, new.detach(), adv, mask)
+        per_token.sum().backward()
+        return logits.grad.clone()
+
+    adv = torch.tensor([[-1.0]])
+    by_log, by_prob = gradient(adv, "logprob"), gradient(adv, "prob")
+    probs = torch.softmax(logits.detach(), -1)
+    p = probs[0, [0, 1], [1, 0]]
+    assert p[0] < 2e-4 and p[1] > 0.6
+    # with A = -1 the loss is -A * p = p: its gradient, token by token, is grad p
+    for t in range(2):
+        one_hot = torch.nn.functional.one_hot(tokens[0, t], 3).float()
+        grad_p = p[t] * (one_hot - probs[0, t])  # d p_token / d logits
+        assert torch.allclose(by_prob[0, t], grad_p, atol=1e-6)
+    assert by_log[0, 0].abs().sum() > 1.9 and by_prob[0, 0].abs().sum() < 1e-3  # the fluke
+    assert by_prob[0, 1].abs().sum() > 0.3 * by_log[0, 1].abs().sum()  # the likely mistake
+    plus = torch.tensor([[0.5]])
+    assert torch.equal(gradient(plus, "prob"), gradient(plus, "logprob"))
 
 
 def test_kl_penalty_matches_a_token_loop():

@@ -327,6 +327,14 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
+        "--push-down",
+        "train.push_down",
+        "how a failed attempt's tokens are pushed down: by log-probability (logprob, GRPO) or "
+        "by probability (prob: tokens sampled by chance at p=1e-4 hardly move the update, so "
+        "they do not squeeze the mass onto the likeliest tokens; benchmarks/RESULTS.md)",
+        group=TRAINING,
+    ),
+    Setting(
         "--adam-beta1",
         "train.adam_beta1",
         "AdamW's momentum across training steps (default {default}); 0: each update follows "

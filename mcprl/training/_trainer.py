@@ -33,7 +33,7 @@ from mcprl.serving import pick_dtype, torch_dtype
 from mcprl.serving import prefix_kv as run_prefix
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
 from mcprl.training._config import LoraConfig, TrainConfig
-from mcprl.training._losses import LOSSES, Normalizer, kl_k3
+from mcprl.training._losses import LOSSES, Normalizer, kl_k3, pushed_down_by_probability
 from mcprl.types import TrajectoryGroup
 
 __all__ = ["LoraTrainer"]
@@ -167,7 +167,15 @@ class LoraTrainer:
                 # activations for all its tokens (a catalog tail after a tool result: ~1,500)
                 long = config.checkpoint_rows and batch.input_ids.numel() > config.token_budget
                 parts = self._micro_step(
-                    batch, loss_fn, norm, config.beta, shared, ref_kv, own, checkpointed=long
+                    batch,
+                    loss_fn,
+                    norm,
+                    config.beta,
+                    shared,
+                    ref_kv,
+                    own,
+                    checkpointed=long,
+                    push_down=config.push_down,
                 )
                 for k, v in parts.items():
                     totals[k] += v / (len(plan) if k in ("loss", "kl") else 1)
@@ -251,10 +259,12 @@ class LoraTrainer:
         ref_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         old: torch.Tensor | None = None,
         checkpointed: bool = False,
+        push_down: str = "logprob",
     ) -> dict:
         """One micro-batch's loss, backward. `old`: the ratio's denominator (None: this pass's
         own log-probabilities, so the ratio is 1 and only its gradient counts); `checkpointed`:
-        the policy's pass runs its layers under activation checkpoints."""
+        the policy's pass runs its layers under activation checkpoints; `push_down`:
+        `TrainConfig.push_down`."""
         ids = batch.input_ids.to(self.device)
         attention = batch.attention_mask.to(self.device)
         mask = batch.loss_mask.to(self.device)
@@ -270,6 +280,8 @@ class LoraTrainer:
             checkpointed=checkpointed,
         )
         old = new.detach() if old is None else old.to(self.device)
+        if push_down == "prob":
+            adv = pushed_down_by_probability(adv, new)
         per_token, clipped = loss_fn.per_token(new, old, adv, mask)
         loss = norm(per_token, mask)
         kl_value = 0.0
