@@ -15,7 +15,8 @@ A variant is `NAME=KEY=VALUE,KEY=VALUE` over `TrainConfig` fields (`negative_wei
 `learning_rate`, `scale_rewards`, `beta`, ...); the learning rate is the one the run used at that
 step unless a variant sets it (`lr_scale=0.5` halves it). `as-run=` (no settings) replays the
 step as recorded: its adapter should match the run's own checkpoint S (printed). Results, one
-line a variant, in `OUT/replay.json`.
+line a variant, in `OUT/replay.json`. The evaluations size their own threads; `--threads 1` for
+the update where other work shares the machine.
 """
 
 from __future__ import annotations
@@ -117,7 +118,17 @@ def main() -> None:
     parser.add_argument("--variant", action="append", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--eval-args", default="--attempts 2 --seed 1000")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads for the replayed update; beside another busy process give 1 "
+        "(one step took 306 s beside an evaluation with torch's default 2, 48 s alone)",
+    )
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for text in args.variant:

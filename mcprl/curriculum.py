@@ -203,15 +203,15 @@ _JOINERS = {"of", "the", "a", "an"}  # inside a name: "The Call of the Wild"
 def task_wording(task: str) -> tuple[str, ...]:
     """A task's words with what varies from one task of a family to the next set aside: quoted
     text (Q), numbers (N), and names (a capitalised word after the first, with the small words
-    inside one, as one E), the rest lower-cased. "How much does The Call of the Wild cost?" and
-    "How much does Dracula cost?" read the same."""
-    text = _NUMBER.sub(" N ", _QUOTED.sub(" Q ", task))
-    words = re.findall(r"\w+", text)
+    inside one, as one E; not a sentence's first word), the rest lower-cased. "How much does The
+    Call of the Wild cost?" and "How much does Dracula cost?" read the same."""
+    text = _NUMBER.sub(" NNN ", _QUOTED.sub(" QQQ ", task))
     out: list[str] = []
-    for i, word in enumerate(words):
-        if word in ("Q", "N"):
-            out.append(word)
-        elif i > 0 and word[0].isupper():
+    for match in re.finditer(r"\w+", text):
+        word = match.group()
+        if word in ("QQQ", "NNN"):
+            out.append(word[0])
+        elif not _starts_sentence(text[: match.start()]) and word[0].isupper():
             j = len(out)
             while j > 0 and out[j - 1] in _JOINERS:
                 j -= 1
@@ -222,6 +222,15 @@ def task_wording(task: str) -> tuple[str, ...]:
         else:
             out.append(word.lower())
     return tuple(out)
+
+
+def _starts_sentence(before: str) -> bool:
+    """Whether a word after `before` opens a sentence: the first word, or one after ".", "?",
+    "!" or ":" (not after an initial: "H. G. Wells")."""
+    before = before.rstrip()
+    if not before or before[-1] in "?!:":
+        return True
+    return before[-1] == "." and re.search(r"(?:^|\W)[A-Z]\.$", before) is None
 
 
 def _showable(

@@ -1347,6 +1347,11 @@ def test_names_numbers_and_quoted_text_aside_tasks_of_one_family_read_the_same()
     assert task_wording("How many copies of Emma and Dracula?") != task_wording(
         "How many copies of Emma?"
     )  # two names are not one
+    assert task_wording("Add 2 and 3. Then multiply by 4.") == (
+        "add", "N", "and", "N", "then", "multiply", "by", "N",
+    )  # fmt: skip
+    # a sentence's first word is not a name; initials are one
+    assert task_wording("Books by H. G. Wells?") == ("books", "by", "E")
 
 
 def test_each_task_is_shown_the_train_tasks_worded_most_like_it_never_itself():
