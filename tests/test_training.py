@@ -102,25 +102,26 @@ def test_losses_and_gradients_match_a_token_loop(variant, norm):
     assert torch.allclose(new_vec.grad, new_loop.grad, atol=1e-6)  # stated tolerance: 1e-6
 
 
-def test_pushed_down_by_probability_a_failed_token_moves_the_update_by_grad_p_not_grad_log_p():
-    """On-policy (ratio 1), a token with advantage A < 0 contributes -A * grad p; one the
-    policy gave p = 1e-4 (a temperature-1 fluke) then barely pulls, where by log p it would pull
-    as hard as a likely mistake. Positive advantages are left as they were."""
+def test_pushed_down_by_probability_a_failed_fluke_token_barely_moves_the_update():
+    """On-policy (ratio 1), a token with advantage A < 0 and probability p < P contributes
+    -A * grad p / P; one the policy gave p = 1e-4 (a temperature-1 fluke) then barely pulls,
+    where by log p it would pull as hard as a likely mistake. A token at P or above, and every
+    positive advantage, keep their gradient."""
     logits = torch.tensor([[[9.0, 0.0, 0.0], [2.0, 1.0, 0.0]]], requires_grad=True)  # [1, 2, 3]
     tokens = torch.tensor([[1, 0]])  # the first unlikely (p ~ 1e-4), the second likely
     mask = torch.ones(1, 2)
 
-    def gradient(adv: torch.Tensor, push_down: str) -> torch.Tensor:
+    def gradient(adv: torch.Tensor, below: float) -> torch.Tensor:
         logits.grad = None
         new = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
-        if push_down == "prob":
-            adv = pushed_down_by_probability(adv, new)
+        if below > 0:
+            adv = pushed_down_by_probability(adv, new, below)
         per_token, _ = LOSSES["ppo"](0.2, 0.2).per_token(new, new.detach(), adv, mask)
         per_token.sum().backward()
         return logits.grad.clone()
 
     adv = torch.tensor([[-1.0]])
-    by_log, by_prob = gradient(adv, "logprob"), gradient(adv, "prob")
+    by_log, by_prob, below_half = gradient(adv, 0.0), gradient(adv, 1.0), gradient(adv, 0.5)
     probs = torch.softmax(logits.detach(), -1)
     p = probs[0, [0, 1], [1, 0]]
     assert p[0] < 2e-4 and p[1] > 0.6
@@ -131,8 +132,11 @@ def test_pushed_down_by_probability_a_failed_token_moves_the_update_by_grad_p_no
         assert torch.allclose(by_prob[0, t], grad_p, atol=1e-6)
     assert by_log[0, 0].abs().sum() > 1.9 and by_prob[0, 0].abs().sum() < 1e-3  # the fluke
     assert by_prob[0, 1].abs().sum() > 0.3 * by_log[0, 1].abs().sum()  # the likely mistake
+    # below P = 0.5: the fluke at p / 0.5 of its log-p pull, the likely mistake untouched
+    assert torch.allclose(below_half[0, 0], by_prob[0, 0] / 0.5, atol=1e-7)
+    assert torch.equal(below_half[0, 1], by_log[0, 1])
     plus = torch.tensor([[0.5]])
-    assert torch.equal(gradient(plus, "prob"), gradient(plus, "logprob"))
+    assert torch.equal(gradient(plus, 1.0), gradient(plus, 0.0))
 
 
 def test_kl_penalty_matches_a_token_loop():

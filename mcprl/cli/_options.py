@@ -327,12 +327,14 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
-        "--push-down",
-        "train.push_down",
-        "how a failed attempt's tokens are pushed down: by log-probability (logprob, GRPO) or "
-        "by probability (prob: tokens sampled by chance at p=1e-4 hardly move the update, so "
-        "they do not squeeze the mass onto the likeliest tokens; benchmarks/RESULTS.md)",
+        "--push-down-below",
+        "train.push_down_below",
+        "a failed attempt's token the policy gives p < P is pushed down with weight p/P (the "
+        "gradient of p, not log p): tokens sampled by chance, at p=1e-4, then hardly move "
+        "the update and cannot squeeze the mass onto the likeliest tokens (default {default}: "
+        "every token by log p; 1: every token by p; benchmarks/RESULTS.md)",
         group=TRAINING,
+        metavar="P",
     ),
     Setting(
         "--adam-beta1",

@@ -59,16 +59,17 @@ class TrainConfig(BaseModel):
         "that share its weights (the squeezing effect, Ren & Sutherland 2025); below 1, the "
         "update is mostly the winners pulled up",
     )
-    push_down: Literal["logprob", "prob"] = Field(
-        default="logprob",
-        description="how a token with a negative advantage is pushed down: by its "
-        "log-probability (`logprob`, GRPO), or by its probability (`prob`: the token's "
-        "advantage is multiplied by the probability the policy gives it, so the gradient is "
-        "that of p, not log p). A temperature-1 attempt samples tokens at p=1e-4 now and then "
-        "(a digit run, a garbled name); by log p each of them pulls on the update like a "
-        "likely mistake and the squeezing effect (`negative_weight`) piles their mass onto the "
-        "likeliest tokens; by p they hardly move it, and the mistakes the model would make "
-        "again are pushed down as before",
+    push_down_below: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="a token with a negative advantage that the policy gives a probability p "
+        "below this is pushed down with weight p / push_down_below: the gradient of p, not of "
+        "log p, for tokens the policy would rarely sample again. A temperature-1 attempt "
+        "samples tokens at p=1e-4 now and then (a digit run, a garbled name); by log p each "
+        "pulls on the update like a likely mistake, and the squeezing effect "
+        "(`negative_weight`) piles their mass onto the likeliest tokens. 0: every token by "
+        "log p (GRPO); 1: every token by its probability",
     )
     old_logprobs: Literal["trainer", "sampler"] = Field(
         default="trainer",

@@ -149,12 +149,15 @@ class CISPO(PolicyLoss):
 LOSSES: dict[str, type[PolicyLoss]] = {cls.name: cls for cls in (PPOClip, GSPO, CISPO)}
 
 
-def pushed_down_by_probability(adv: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """Per-token advantages where each negative one is multiplied by its token's probability
-    under the policy (`TrainConfig.push_down` "prob"): the policy-gradient term of such a token
-    becomes -A * grad p instead of -A * grad log p. `adv` is [batch, 1] or [batch, T-1], `new`
-    the log-probabilities, [batch, T-1]."""
-    return torch.where(adv < 0, adv * new.detach().exp(), adv.expand_as(new))
+def pushed_down_by_probability(
+    adv: torch.Tensor, new: torch.Tensor, below: float = 1.0
+) -> torch.Tensor:
+    """Per-token advantages where each negative one whose token the policy gives a probability
+    p < `below` is multiplied by p / `below` (`TrainConfig.push_down_below`): the token's
+    policy-gradient term becomes -A * grad p / below in place of -A * grad log p. `adv` is
+    [batch, 1] or [batch, T-1], `new` the log-probabilities, [batch, T-1]."""
+    weight = (new.detach().exp() / below).clamp(max=1.0)
+    return torch.where(adv < 0, adv * weight, adv.expand_as(new))
 
 
 def kl_k3(new: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -175,7 +175,7 @@ class LoraTrainer:
                     ref_kv,
                     own,
                     checkpointed=long,
-                    push_down=config.push_down,
+                    push_down_below=config.push_down_below,
                 )
                 for k, v in parts.items():
                     totals[k] += v / (len(plan) if k in ("loss", "kl") else 1)
@@ -259,12 +259,12 @@ class LoraTrainer:
         ref_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         old: torch.Tensor | None = None,
         checkpointed: bool = False,
-        push_down: str = "logprob",
+        push_down_below: float = 0.0,
     ) -> dict:
         """One micro-batch's loss, backward. `old`: the ratio's denominator (None: this pass's
         own log-probabilities, so the ratio is 1 and only its gradient counts); `checkpointed`:
-        the policy's pass runs its layers under activation checkpoints; `push_down`:
-        `TrainConfig.push_down`."""
+        the policy's pass runs its layers under activation checkpoints; `push_down_below`:
+        `TrainConfig.push_down_below`."""
         ids = batch.input_ids.to(self.device)
         attention = batch.attention_mask.to(self.device)
         mask = batch.loss_mask.to(self.device)
@@ -280,8 +280,8 @@ class LoraTrainer:
             checkpointed=checkpointed,
         )
         old = new.detach() if old is None else old.to(self.device)
-        if push_down == "prob":
-            adv = pushed_down_by_probability(adv, new)
+        if push_down_below > 0:
+            adv = pushed_down_by_probability(adv, new, push_down_below)
         per_token, clipped = loss_fn.per_token(new, old, adv, mask)
         loss = norm(per_token, mask)
         kl_value = 0.0
