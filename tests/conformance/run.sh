@@ -35,12 +35,14 @@ client_suite() {
 }
 client_suite && client=0 || client=$?
 # sse-retry times the client's reconnection (500 ms asked, 450-700 ms accepted): on a loaded
-# 2-core machine it came 788 ms late once. A failure is run again once, and said.
-if [ "$client" -ne 0 ]; then
-    mv "$results/client.log" "$results/client-first-try.log"
-    echo "client scenarios failed once ($results/client-first-try.log); running them again"
+# 2-core machine it came 788 ms late once, and 792 and 749 ms late in two tries beside three
+# training processes. A failure is run again, up to twice, and said.
+for again in 1 2; do
+    [ "$client" -eq 0 ] && break
+    mv "$results/client.log" "$results/client-try-$again.log"
+    echo "client scenarios failed ($results/client-try-$again.log); running them again"
     client_suite && client=0 || client=$?
-fi
+done
 sed -n '/SUITE SUMMARY/,$p' "$results/client.log"
 
 server=0
