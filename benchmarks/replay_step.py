@@ -13,10 +13,11 @@ alone differs: the way to ask why one step's update broke a model, and what woul
 
 A variant is `NAME=KEY=VALUE,KEY=VALUE` over `TrainConfig` fields (`negative_weight`,
 `learning_rate`, `scale_rewards`, `beta`, ...); the learning rate is the one the run used at that
-step unless a variant sets it (`lr_scale=0.5` halves it). `as-run=` (no settings) replays the
-step as recorded: its adapter should match the run's own checkpoint S (printed). Results, one
-line a variant, in `OUT/replay.json`. The evaluations size their own threads; `--threads 1` for
-the update where other work shares the machine.
+step unless a variant sets it (`lr_scale=0.5` halves it); `drop_explored_failures=true` leaves
+out the explored attempts (a first tool pinned for them) that fell below their group's mean.
+`as-run=` (no settings) replays the step as recorded: its adapter should match the run's own
+checkpoint S (printed). Results, one line a variant, in `OUT/replay.json`. The evaluations size
+their own threads; `--threads 1` for the update where other work shares the machine.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def replay(run_dir: Path, step: int, name: str, values: dict, out: Path) -> dict
     recorded = json.loads((run_dir / "checkpoints" / f"{step:04d}" / "checkpoint.json").read_text())
     settings = dict(config["train"], learning_rate=recorded["metrics"]["learning_rate"])
     scale = float(values.pop("lr_scale", 1.0))
+    drop_explored = bool(values.pop("drop_explored_failures", False))
     settings.update(values)
     settings["learning_rate"] = float(settings["learning_rate"]) * scale
     train = TrainConfig(**settings)
@@ -80,13 +82,24 @@ def replay(run_dir: Path, step: int, name: str, values: dict, out: Path) -> dict
     trainer = LoraTrainer(str(resolve_model(base)), adapter_path=before, dtype="auto")
     trainer.load_state(before)
     groups = read_groups(run_dir / "trajectories" / "train" / f"{step:04d}.jsonl")
+    if drop_explored:  # explored attempts (a first tool pinned, not demonstrated) below the mean
+        for g in groups:
+            mean = sum(t.reward for t in g.trajectories) / max(len(g.trajectories), 1)
+            g.trajectories = [
+                t
+                for t in g.trajectories
+                if not ("first_tool" in t.metadata and "demonstrated_calls" not in t.metadata)
+                or t.reward >= mean
+            ]
     started = time.perf_counter()
     metrics = trainer.step(groups, train)
     store = RunStore(out / name, project, model)
     path = store.write_checkpoint(step, trainer.save, {"metrics": metrics, "replayed": True})
     return {
         "variant": name,
-        "settings": values | ({"lr_scale": scale} if scale != 1.0 else {}),
+        "settings": values
+        | ({"lr_scale": scale} if scale != 1.0 else {})
+        | ({"drop_explored_failures": True} if drop_explored else {}),
         "learning_rate": train.learning_rate,
         "grad_norm": metrics.get("grad_norm"),
         "moved": _adapter_distance(before, path),
