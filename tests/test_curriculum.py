@@ -1246,17 +1246,12 @@ async def test_a_run_solves_its_worked_examples_once_says_which_and_opens_every_
         assert t.metadata["worked_examples"] == 1
 
 
-@pytest.mark.anyio
-async def test_with_similar_examples_each_task_opens_with_another_worded_like_it(tmp_path):
-    from mcprl.rollout import RolloutConfig
-
-    scenarios = ScenarioSet([_chain("c1"), _chain("c0"), _chain("val")])
-    for s, split in zip(scenarios.scenarios, ["train", "train", "val"], strict=True):
-        s.split = split
+async def _one_step(tmp_path, scenarios, rollout, groups: int = 1):
+    """One training step on the calculator's server with `rollout`, answered by `_policy`:
+    (the run, what it said, the chat server with its requests)."""
     with LocalChatServer(_policy) as server:
         backend = FakeBackend(tmp_path, server.base_url)
-        rollout = RolloutConfig(examples=1, example_choice="similar")
-        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1,
+        config = RunConfig(steps=1, groups_per_step=groups, rollouts_per_group=2, oversample=1,
                            eval_every=0, reward="reference", write_report=False, explore=0,
                            demonstrate=0, rollout=rollout)  # fmt: skip
         said: list[str] = []
@@ -1264,6 +1259,18 @@ async def test_with_similar_examples_each_task_opens_with_another_worded_like_it
                           say=said.append)  # fmt: skip
         await run.prepare(scenarios)
         await run._step(_summary(run))
+    return run, said, server
+
+
+@pytest.mark.anyio
+async def test_with_similar_examples_each_task_opens_with_another_worded_like_it(tmp_path):
+    from mcprl.rollout import RolloutConfig
+
+    scenarios = ScenarioSet([_chain("c1"), _chain("c0"), _chain("val")])
+    for s, split in zip(scenarios.scenarios, ["train", "train", "val"], strict=True):
+        s.split = split
+    rollout = RolloutConfig(examples=1, example_choice="similar")
+    run, said, server = await _one_step(tmp_path, scenarios, rollout, groups=2)
     assert "  each task opens with the 1 train task(s) worded most like it, solved (2 " \
         "different ones in all), for example:" in said  # fmt: skip
     by_task = run.config.rollout.examples_by_task
@@ -1285,17 +1292,7 @@ async def test_choosing_examples_by_wording_without_a_number_of_them_says_none_a
     from mcprl.rollout import RolloutConfig
 
     scenarios = ScenarioSet([_chain("c1"), _chain("c0")])
-    with LocalChatServer(_policy) as server:
-        backend = FakeBackend(tmp_path, server.base_url)
-        rollout = RolloutConfig(example_choice="similar")
-        config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
-                           eval_every=0, reward="reference", write_report=False, explore=0,
-                           demonstrate=0, rollout=rollout)  # fmt: skip
-        said: list[str] = []
-        run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
-                          say=said.append)  # fmt: skip
-        await run.prepare(scenarios)
-        await run._step(_summary(run))
+    _, said, server = await _one_step(tmp_path, scenarios, RolloutConfig(example_choice="similar"))
     assert any("--example-choice" in line and "--examples 1" in line for line in said), said
     for request in server.requests:  # the system prompt, then the task itself
         assert request["messages"][1]["content"].startswith("Please complete this task: Task c")
