@@ -261,24 +261,26 @@ async def with_worked_examples(
 ) -> RolloutConfig:
     """`config` with its `examples` worked examples (as `example_choice` picks them among the
     tools `session` offers an attempt) solved once through `session`
-    (`mcprl.rollout.solve_examples`): `example_messages` for kinds, `examples_by_task` for
-    similar. Unchanged when `examples` is 0."""
+    (`mcprl.rollout.solve_examples`), each kept once in `worked_examples`: in order as
+    `example_messages` for kinds, named per task by `examples_by_task` for similar. Unchanged
+    when `examples` is 0."""
     if not config.examples:
         return config
     tools = await session.list_tools()
     offered = [tool_info(t) for t in tools if t.name not in config.hidden_tools]
     if config.example_choice == "kinds":
         picked = example_scenarios(scenarios, offered, config.examples)
-        messages = await solve_examples(picked, session, config)
-        return config.model_copy(update={"example_messages": messages})
+        solved = {s.id: await solve_examples([s], session, config) for s in picked}
+        messages = [m for ms in solved.values() for m in ms]
+        return config.model_copy(update={"example_messages": messages, "worked_examples": solved})
     by_task = similar_scenarios(scenarios, offered, config.examples)
-    solved: dict[str, list[dict[str, Any]]] = {}
+    solved = {}
     for picked in by_task.values():
         for s in picked:
             if s.id not in solved:
                 solved[s.id] = await solve_examples([s], session, config)
-    shown = {sid: [m for s in picked for m in solved[s.id]] for sid, picked in by_task.items()}
-    return config.model_copy(update={"examples_by_task": shown})
+    ids = {sid: [s.id for s in picked] for sid, picked in by_task.items()}
+    return config.model_copy(update={"worked_examples": solved, "examples_by_task": ids})
 
 
 def subtask(scenario: Scenario, step: int) -> Scenario:

@@ -311,11 +311,16 @@ class RolloutConfig(BaseModel):
         "`examples` where the scenario set is known (`mcprl train` before its first step, "
         "`mcprl eval` before its attempts)",
     )
-    examples_by_task: dict[str, list[dict[str, Any]]] = Field(
+    worked_examples: dict[str, list[dict[str, Any]]] = Field(
         default_factory=dict,
-        description="each task's worked examples' messages, by scenario id (`example_choice` "
-        "similar), set as `example_messages` is; a task it lacks (a hindsight task made "
-        "during the run) is shown none",
+        description="each worked example's messages (`solve_examples`), by its scenario id, "
+        "set as `example_messages` is: what `examples_by_task` names",
+    )
+    examples_by_task: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="the scenario ids of each task's worked examples in `worked_examples`, by "
+        "the task's scenario id (`example_choice` similar); a task it lacks (a hindsight task "
+        "made during the run) is shown none",
     )
 
 
@@ -428,7 +433,8 @@ async def rollout(
             {"role": "user", "content": user_message(scenario, config, kind)},
         ]
         if config.examples_by_task:
-            shown = config.examples_by_task.get(scenario.id, [])
+            ids = config.examples_by_task.get(scenario.id, [])
+            shown = [m for i in ids for m in config.worked_examples[i]]
             config = config.model_copy(update={"example_messages": shown})
         if config.example_messages:
             traj.metadata["worked_examples"] = sum(

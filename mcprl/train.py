@@ -575,8 +575,7 @@ class TrainingRun:
             rollout = await with_worked_examples(self.scenarios, session, rollout)
         self.config.rollout = rollout
         if rollout.example_choice == "similar":
-            by_task = rollout.examples_by_task
-            shown = {m["content"] for ms in by_task.values() for m in ms if m["role"] == "user"}
+            shown = rollout.worked_examples
             if not shown:
                 self._say_no_examples()
                 return
@@ -584,19 +583,18 @@ class TrainingRun:
                 f"  each task opens with the {rollout.examples} train task(s) worded most like "
                 f"it, solved ({len(shown)} different ones in all), for example:"
             )
-            tasks_of = {s.id: s.task for s in self.scenarios}
-            for sid, messages in list(by_task.items())[:3]:
-                task = tasks_of[sid]
-                tasks = [_task_line(m["content"]) for m in messages if m["role"] == "user"]
-                self.say(f"    {task}  <-  {' | '.join(tasks) or '(none)'}")
+            task_of = {s.id: s.task for s in self.scenarios}
+            for sid, ids in list(rollout.examples_by_task.items())[:3]:
+                tasks = [task_of[i] for i in ids]
+                self.say(f"    {task_of[sid]}  <-  {' | '.join(tasks) or '(none)'}")
             return
-        tasks = [_task_line(m["content"]) for m in rollout.example_messages if m["role"] == "user"]
-        if not tasks:
+        if not rollout.worked_examples:
             self._say_no_examples()
             return
-        self.say(f"  {len(tasks)} worked example(s) open every attempt:")
-        for task in tasks:
-            self.say(f"    {task}")
+        self.say(f"  {len(rollout.worked_examples)} worked example(s) open every attempt:")
+        task_of = {s.id: s.task for s in self.scenarios}
+        for i in rollout.worked_examples:
+            self.say(f"    {task_of[i]}")
 
     def _say_no_examples(self) -> None:
         self.say(
@@ -1217,11 +1215,6 @@ class TrainingRun:
         with anyio.CancelScope(shield=True):
             await self.backend.log(self.model, metrics, "val", groups)
             await self._record({"step": step, **{f"val/{k}": v for k, v in metrics.items()}})
-
-
-def _task_line(user_message: str) -> str:
-    """The task a worked example's user turn states, without the turn budget after it."""
-    return user_message.split("\n")[0].removeprefix("Please complete this task: ")
 
 
 def _help_kind(start: dict[str, Any]) -> str:

@@ -1273,18 +1273,21 @@ async def test_with_similar_examples_each_task_opens_with_another_worded_like_it
     run, said, server = await _one_step(tmp_path, scenarios, rollout, groups=2)
     assert "  each task opens with the 1 train task(s) worded most like it, solved (2 " \
         "different ones in all), for example:" in said  # fmt: skip
-    by_task = run.config.rollout.examples_by_task
-    first_task = {sid: ms[0]["content"].split("\n")[0] for sid, ms in by_task.items()}
+    assert "    Task c0: add 2 and 3, then times 4.  <-  Task c1: add 2 and 3, then times 4." \
+        in said  # fmt: skip
+    rollout = run.config.rollout
+    assert rollout.examples_by_task == {"c0": ["c1"], "c1": ["c0"], "val": ["c0"]}
+    solved = rollout.worked_examples
+    assert set(solved) == {"c0", "c1"}  # each solved once, however many tasks it is shown to
+    first_task = {sid: ms[0]["content"].split("\n")[0] for sid, ms in solved.items()}
     assert first_task == {
-        "c0": "Please complete this task: Task c1: add 2 and 3, then times 4.",
-        "c1": "Please complete this task: Task c0: add 2 and 3, then times 4.",
-        "val": "Please complete this task: Task c0: add 2 and 3, then times 4.",
+        "c0": "Please complete this task: Task c0: add 2 and 3, then times 4.",
+        "c1": "Please complete this task: Task c1: add 2 and 3, then times 4.",
     }
     assert len(server.requests) == 4
     for request in server.requests:  # each attempt opens with the other train task, solved
-        task = request["messages"][1 + len(by_task["c0"])]["content"]
-        sid = "c0" if "Task c0:" in task else "c1"
-        assert request["messages"][1 : 1 + len(by_task[sid])] == by_task[sid]
+        shown = solved["c1" if "Task c0:" in request["messages"][-1]["content"] else "c0"]
+        assert request["messages"][1 : 1 + len(shown)] == shown
 
 
 @pytest.mark.anyio

@@ -73,6 +73,7 @@ def test_report_shows_settings_trainer_metrics_and_each_attempts_outcome(run_dir
     from mcprl.train import RunConfig
 
     config = RunConfig(project="calc", steps=3, trackers=["csv"])
+    config.train.push_down_below = 0.05
     (run_dir / "run_config.json").write_text(config.model_dump_json())
     ScenarioSet(
         [Scenario(id="add-2-3", task="Add 2 and 3.", difficulty=1, reference=Reference(answer="5"))]
@@ -82,6 +83,7 @@ def test_report_shows_settings_trainer_metrics_and_each_attempts_outcome(run_dir
     assert "<td>LoRA</td><td>r 8, alpha 16</td>" in html
     assert "<td>steps</td><td>3</td>" in html
     assert "<td>learning rate</td><td>0.002, linear</td>" in html
+    assert "positive weight 1.0, push down below 0.05</td>" in html
     assert "stop: called complete_task · answer 2 + 3 = 5 · reference 5" in html
     assert "answer It is 6, I think · reference 5 · exploring: first call add, chosen by" in html
     assert "<td>sampling</td><td>fresh, oversample 1.5, explore 0.5</td>" in html

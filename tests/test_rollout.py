@@ -1014,8 +1014,8 @@ async def test_a_task_opens_with_its_own_worked_examples_where_each_task_has_som
     chain = [("add", {"a": 2, "b": 3}, "5")]
     async with open_session(calculator) as session:
         shown = await solve_examples([solved_scenario("one", chain, "5")], session, RolloutConfig())
-    config = RolloutConfig(examples=1, example_choice="similar",
-                           examples_by_task={SCENARIO.id: shown})  # fmt: skip
+    config = RolloutConfig(examples=1, example_choice="similar", worked_examples={"one": shown},
+                           examples_by_task={SCENARIO.id: ["one"]})  # fmt: skip
     for scenario, opens_with, examples in [
         (SCENARIO, shown, 1),
         (SCENARIO.model_copy(update={"id": "made-later"}), [], 0),  # none for a task it lacks
