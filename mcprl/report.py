@@ -145,7 +145,8 @@ def _settings(run_dir: Path, info: dict[str, Any]) -> str:
             f"{train.get('loss')}, clip {train.get('eps_low')}/{train.get('eps_high')}, "
             f"KL beta {train.get('beta')}, scale rewards {train.get('scale_rewards')}, "
             f"positive weight {train.get('positive_weight', 1.0)}, "
-            f"push down below {train.get('push_down_below', 0.0)}",
+            f"push down below {train.get('push_down_below', 0.0)}, "
+            f"cap failures {train.get('cap_failures', False)}",
         ),
         ("LoRA", f"r {lora.get('r')}, alpha {lora.get('alpha')}"),
         (

@@ -260,6 +260,22 @@ def test_positive_weight_shrinks_only_the_attempts_that_beat_their_group():
     assert [s.advantage for s in losers] == pytest.approx([0.625, 0.125, -0.075, -0.075])
 
 
+def test_cap_failures_shrinks_only_the_failures_of_a_group_that_mostly_won():
+    def group(wins: int) -> TrajectoryGroup:
+        rewards = [1.0] * wins + [0.0] * (8 - wins)
+        return TrajectoryGroup(
+            trajectories=[traj(r, choice([1], [2 + i])) for i, r in enumerate(rewards)]
+        )
+
+    plain, _ = build_sequences([group(7), group(1)], scale_rewards="none")
+    capped, _ = build_sequences([group(7), group(1)], scale_rewards="none", cap_failures=True)
+    assert [s.advantage for s in plain[:8]] == pytest.approx([0.125] * 7 + [-0.875])
+    assert [s.advantage for s in capped[:8]] == pytest.approx([0.125] * 7 + [-0.125])
+    assert [s.advantage for s in capped[8:]] == [s.advantage for s in plain[8:]]  # 1 of 8
+    batch, _ = build_sequences([group(6)], scale_rewards="batch", cap_failures=True)
+    assert batch[0].advantage == pytest.approx(-batch[-1].advantage)  # after the scale
+
+
 def test_positive_weight_outside_0_1_is_refused_by_name():
     with pytest.raises(ValueError, match="positive_weight"):
         TrainConfig(positive_weight=0)

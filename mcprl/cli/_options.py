@@ -327,6 +327,15 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
+        "--cap-failures",
+        "train.cap_failures",
+        "push a group's failures down no harder than its winners are pulled up: in a group "
+        "that mostly won, each failure's advantage shrinks to the winners' size, so a solved "
+        "kind's few failures cannot swing the update (benchmarks/RESULTS.md)",
+        const=True,
+        group=TRAINING,
+    ),
+    Setting(
         "--push-down-below",
         "train.push_down_below",
         "a failed attempt's token the policy gives p < P is pushed down with weight p/P (the "

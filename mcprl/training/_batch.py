@@ -31,7 +31,7 @@ import torch
 
 from mcprl.rewards import Informative, is_informative
 from mcprl.training._config import ScaleRewards
-from mcprl.training._losses import batch_advantages
+from mcprl.training._losses import batch_advantages, failures_capped
 from mcprl.types import Choice, Trajectory, TrajectoryGroup
 
 __all__ = [
@@ -132,11 +132,13 @@ def build_sequences(
     negative_weight: float = 1.0,
     informative: Informative = "reward",
     call_credit: float = 0.0,
+    cap_failures: bool = False,
 ) -> tuple[list[Sequence], BatchStats]:
     """Training sequences for every group with signal, and what was left out.
 
     Positive advantages are multiplied by `positive_weight` and negative ones by
-    `negative_weight` (after scaling). A group that is
+    `negative_weight` (after scaling, and after `cap_failures`: `failures_capped`). A group
+    that is
     not informative by `informative` (see `mcprl.curriculum.is_informative`) is skipped, and
     its rewards take no part in a batch's scale, unless `call_credit` gives its turns credit
     that differs (module docstring)."""
@@ -162,6 +164,8 @@ def build_sequences(
             stats.groups_skipped += 1
             continue
         index = stats.groups - stats.groups_skipped - 1
+        if cap_failures:
+            advantages = failures_capped(advantages)
         for traj, adv, bonus in zip(usable, advantages, bonuses, strict=True):
             adv *= positive_weight if adv > 0 else negative_weight
             for seq in _sequences_of(traj, adv, bonus):

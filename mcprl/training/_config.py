@@ -59,6 +59,13 @@ class TrainConfig(BaseModel):
         "that share its weights (the squeezing effect, Ren & Sutherland 2025); below 1, the "
         "update is mostly the winners pulled up",
     )
+    cap_failures: bool = Field(
+        default=False,
+        description="push a group's failures down no harder than its winners are pulled up: "
+        "where most of a group's attempts won, each failure's negative advantage is shrunk "
+        "to the winners' size (a 7-of-8 group's lone failure otherwise weighs 7 winners). "
+        "Groups that mostly failed, where a task is being learned, are left as they are",
+    )
     push_down_below: float = Field(
         default=0.0,
         ge=0,

@@ -39,6 +39,7 @@ __all__ = [
     "PPOClip",
     "PolicyLoss",
     "batch_advantages",
+    "failures_capped",
     "group_advantages",
     "kl_k3",
     "pushed_down_by_probability",
@@ -70,6 +71,20 @@ def batch_advantages(
         return out
     std = math.sqrt(sum(c * c for c in centred) / (len(centred) - 1))
     return [None if adv is None else [a / (std + 1e-6) for a in adv] for adv in out]
+
+
+def failures_capped(advantages: list[float]) -> list[float]:
+    """`advantages` with its failures pushed down no harder than its winners are pulled up:
+    where the most negative advantage is larger in size than the most positive one, every
+    negative one is shrunk by the same factor to fit (`TrainConfig.cap_failures`). Centred
+    advantages of k wins in n attempts are (n-k)/n and -k/n, so a group that mostly won gives
+    each failure k/(n-k) times a winner's push: 7 in a 7-of-8 group, 1/7 in a 1-of-8 one,
+    which the cap leaves alone."""
+    top = max((a for a in advantages if a > 0), default=0.0)
+    bottom = -min((a for a in advantages if a < 0), default=0.0)
+    if bottom <= top or top == 0.0:
+        return advantages
+    return [a * top / bottom if a < 0 else a for a in advantages]
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ class LoraTrainer:
             negative_weight=config.negative_weight,
             informative=config.informative,
             call_credit=config.call_credit,
+            cap_failures=config.cap_failures,
         )
         metrics = _reward_metrics(stats)
         if not sequences:
