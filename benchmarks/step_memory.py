@@ -1,7 +1,7 @@
 """Peak memory and time of one training step, per micro-batch budget, on a run's own groups.
 
     python benchmarks/step_memory.py RUN_DIR/trajectories/train/0001.jsonl [--budgets 2048 1024]
-        [--checkpoint-rows on off] [--checkpoint-prefix 2048 512]
+        [--checkpoint-rows on off] [--checkpoint-prefix 2048 512] [--heads on off]
 
 Each budget (`TrainConfig.token_budget`: padded tokens per micro-batch) runs one
 `LoraTrainer.step` on the stored groups, with a fresh LoRA on SmolLM2-135M, in a process of its
@@ -9,8 +9,10 @@ own, so its peak RSS (`VmHWM`) is its own: the model load, then the step. Report
 peak: the RSS before the step (the loaded trainer), the step's wall time and micro-batches.
 `--checkpoint-rows on off` runs each budget with and without layer checkpoints for rows longer
 than the budget (`TrainConfig.checkpoint_rows`); `--checkpoint-prefix 2048 512` with a shared
-prompt head of that many tokens or more checkpointed (`TrainConfig.checkpoint_prefix`, 0: never).
-Everything else is `TrainConfig`'s defaults.
+prompt head of that many tokens or more checkpointed (`TrainConfig.checkpoint_prefix`, 0: never);
+`--heads on off` with and without a group's own head (the tokens its rows share past the step's
+prefix, such as its worked example) run once per micro-batch (`mcprl.training._batch.HEAD_MINIMUM`;
+off: every row runs it). Everything else is `TrainConfig`'s defaults.
 """
 
 from __future__ import annotations
@@ -34,14 +36,23 @@ def _status(field: str) -> float:
 
 
 def child(
-    groups_path: str, budget: int, dtype: str, threads: int | None, rows: bool, prefix: int | None
+    groups_path: str,
+    budget: int,
+    dtype: str,
+    threads: int | None,
+    rows: bool,
+    prefix: int | None,
+    heads: bool = True,
 ) -> dict:
+    import mcprl.training._batch
     from mcprl.serving import fix_threads, resolve_model
     from mcprl.training import LoraTrainer, TrainConfig
     from mcprl.types import read_groups
 
     if threads:
         fix_threads(threads)
+    if not heads:
+        mcprl.training._batch.HEAD_MINIMUM = 1 << 30
     groups = read_groups(groups_path)
     trainer = LoraTrainer(resolve_model("smollm2-135m"), dtype=dtype, device="cpu")
     loaded = _status("VmRSS")
@@ -60,6 +71,7 @@ def child(
         "budget": budget,
         "checkpoint_rows": rows,
         "checkpoint_prefix": prefix,
+        "heads": heads,
         "loaded_gb": loaded,
         "peak_gb": _status("VmHWM"),
         "after_gb": _status("VmRSS"),
@@ -85,37 +97,43 @@ def main() -> None:
         help="shared heads of this many tokens or more checkpointed, 0: never (default: the "
         "default)",
     )  # fmt: skip
+    p.add_argument(
+        "--heads", nargs="+", choices=["on", "off"], default=["on"],
+        help="a group's own head run once per micro-batch (default: on, the default)",
+    )  # fmt: skip
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--prefix", type=int, help=argparse.SUPPRESS)
     p.add_argument("--rows", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    p.add_argument("--own-heads", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        rows = args.rows == "on"
-        out = child(args.groups, args.child, args.dtype, args.threads, rows, args.prefix)
+        rows, heads = args.rows == "on", args.own_heads == "on"
+        out = child(args.groups, args.child, args.dtype, args.threads, rows, args.prefix, heads)
         print(json.dumps(out))
         return
     print(f"groups: {args.groups}; dtype {args.dtype}; threads {args.threads or 'default'}\n")
-    print("| token budget | long rows checkpointed | head checkpointed from | micro-batches "
-          "| trainer loaded | peak RSS | after | step s |")  # fmt: skip
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for budget in args.budgets:
-        for rows in args.checkpoint_rows:
-            for prefix in args.checkpoint_prefix:
-                out = subprocess.run(
-                    [sys.executable, __file__, args.groups, "--child", str(budget),
-                     "--rows", rows, "--dtype", args.dtype,
-                     *(["--prefix", str(prefix)] if prefix is not None else []),
-                     *(["--threads", str(args.threads)] if args.threads else [])],
-                    check=True, capture_output=True, text=True, cwd=ROOT,
-                )  # fmt: skip
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                head = "default" if prefix is None else (prefix or "never")
-                print(
-                    f"| {budget} | {rows} | {head} | {r['micro_batches']} | "
-                    f"{r['loaded_gb']:.2f} GB | **{r['peak_gb']:.2f} GB** | "
-                    f"{r['after_gb']:.2f} GB | {r['seconds']:.1f} |",
-                    flush=True,
-                )
+    print("| token budget | long rows checkpointed | head checkpointed from | groups' own heads "
+          "| micro-batches | trainer loaded | peak RSS | after | step s |")  # fmt: skip
+    print("| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    configs = [(budget, rows, prefix, heads) for budget in args.budgets
+               for rows in args.checkpoint_rows for prefix in args.checkpoint_prefix
+               for heads in args.heads]  # fmt: skip
+    for budget, rows, prefix, heads in configs:
+        out = subprocess.run(
+            [sys.executable, __file__, args.groups, "--child", str(budget),
+             "--rows", rows, "--own-heads", heads, "--dtype", args.dtype,
+             *(["--prefix", str(prefix)] if prefix is not None else []),
+             *(["--threads", str(args.threads)] if args.threads else [])],
+            check=True, capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        head = "default" if prefix is None else (prefix or "never")
+        print(
+            f"| {budget} | {rows} | {head} | {heads} | {r['micro_batches']} | "
+            f"{r['loaded_gb']:.2f} GB | **{r['peak_gb']:.2f} GB** | "
+            f"{r['after_gb']:.2f} GB | {r['seconds']:.1f} |",
+            flush=True,
+        )
     print(f"\n{r['sequences']:.0f} sequences, {r['trained_tokens']:.0f} trained tokens")
 
 

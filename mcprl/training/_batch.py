@@ -184,6 +184,7 @@ class MicroBatch:
     old_logprobs: torch.Tensor  # [b, T-1]
     advantages: torch.Tensor  # [b, 1], or [b, T-1] per prediction with credit per call
     prefix: torch.Tensor | None = None  # [P]: tokens every sequence starts with, run once
+    head: torch.Tensor | None = None  # [H]: tokens after the prefix that this batch's rows share
 
 
 def shared_prefix_length(sequences: list[Sequence], minimum: int = 32) -> int:
@@ -209,31 +210,64 @@ def split_by_group(sequences: list[Sequence], parts: int) -> list[list[Sequence]
     return [chunk for chunk in out if chunk]
 
 
+HEAD_MINIMUM = 64
+"""Tokens a group's rows share past the update's prefix (its task, a worked example shown to
+it) for the group to be packed in micro-batches of its own, that head run once in each."""
+
+
 def micro_batches(
     sequences: list[Sequence], token_budget: int, pad_id: int, share_prefix: bool = False
 ) -> list[MicroBatch]:
     """Pack sequences (longest first) so each micro-batch pads to at most `token_budget`.
 
     With `share_prefix`, the prefix all sequences share is counted once per micro-batch and
-    only the tails are padded.
+    only the tails are padded; a group whose rows share `HEAD_MINIMUM` tokens or more past it
+    (a task opened by its own worked examples) is packed apart, after the others, with those
+    tokens as its micro-batches' `head`, run once for the group (`LoraTrainer.step`).
     """
     prefix = shared_prefix_length(sequences) if share_prefix else 0
-    order = sorted(sequences, key=lambda s: len(s.tokens), reverse=True)
+    packs: list[tuple[int, list[Sequence]]] = []  # (tokens run once, the rows)
+    mixed = sequences
+    if share_prefix:
+        mixed = []
+        groups: dict[int, list[Sequence]] = {}
+        for seq in sequences:
+            groups.setdefault(seq.group, []).append(seq)
+        for rows in groups.values():
+            head = shared_prefix_length(rows, minimum=prefix + HEAD_MINIMUM)
+            if head:
+                packs.append((head, rows))
+            else:
+                mixed += rows
+    out = [_collate(b, pad_id, prefix) for b in _packed(mixed, token_budget, prefix, prefix)]
+    for start, rows in packs:  # the head runs once for the group: only the tails count
+        out += [_collate(b, pad_id, prefix, start) for b in _packed(rows, token_budget, start)]
+    return out
+
+
+def _packed(
+    sequences: list[Sequence], token_budget: int, start: int, counted: int = 0
+) -> list[list[Sequence]]:
+    """`sequences`, longest first, in lists whose tails past `start` pad to `token_budget`
+    with `counted` tokens more."""
     batches: list[list[Sequence]] = []
-    for seq in order:
-        width = len(batches[-1][0].tokens) - prefix if batches else 0
-        if batches and prefix + width * (len(batches[-1]) + 1) <= token_budget:
+    for seq in sorted(sequences, key=lambda s: len(s.tokens), reverse=True):
+        width = len(batches[-1][0].tokens) - start if batches else 0
+        if batches and counted + width * (len(batches[-1]) + 1) <= token_budget:
             batches[-1].append(seq)
         else:
             batches.append([seq])
-    return [_collate(b, pad_id, prefix) for b in batches]
+    return batches
 
 
-def _collate(seqs: list[Sequence], pad_id: int, prefix: int = 0) -> MicroBatch:
-    width = max(len(s.tokens) for s in seqs) - prefix
+def _collate(seqs: list[Sequence], pad_id: int, prefix: int = 0, start: int = 0) -> MicroBatch:
+    """`seqs` as one micro-batch: `prefix` tokens shared by the update, up to `start` shared by
+    these rows (the head), then each row's own tail, padded."""
+    start = max(start, prefix)
+    width = max(len(s.tokens) for s in seqs) - start
 
     def pad(values: list, fill) -> list:
-        values = values[prefix:]
+        values = values[start:]
         return values + [fill] * (width - len(values))
 
     ids = torch.tensor([pad(s.tokens, pad_id) for s in seqs])
@@ -248,4 +282,5 @@ def _collate(seqs: list[Sequence], pad_id: int, prefix: int = 0) -> MicroBatch:
     else:
         adv = torch.tensor([[s.advantage] for s in seqs], dtype=torch.float32)
     shared = torch.tensor(seqs[0].tokens[:prefix]) if prefix else None
-    return MicroBatch(ids, attention, mask, old, adv, shared)
+    head = torch.tensor(seqs[0].tokens[prefix:start]) if start > prefix else None
+    return MicroBatch(ids, attention, mask, old, adv, shared, head)

@@ -161,7 +161,13 @@ class LoraTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             shared = self._prefix_pass(batches, config.checkpoint_prefix)
             ref_kv = self._reference_prefix(batches) if config.beta > 0 else None
+            head: _PrefixPass | None = None  # a group's own head, run once for its micro-batches
             for batch, own in zip(batches, olds, strict=True):
+                if head is not None and not head.runs(batch.head):
+                    head.backward()
+                    head = None
+                if head is None and batch.head is not None and shared is not None:
+                    head = self._head_pass(batch.head, shared)
                 if config.old_logprobs == "sampler":
                     own = batch.old_logprobs
                 # a row longer than the budget is a micro-batch of its own, and would keep
@@ -172,7 +178,7 @@ class LoraTrainer:
                     loss_fn,
                     norm,
                     config.beta,
-                    shared,
+                    head or shared,
                     ref_kv,
                     own,
                     checkpointed=long,
@@ -183,6 +189,8 @@ class LoraTrainer:
                 done += 1
                 if on_progress is not None:
                     on_progress(done, total)
+            if head is not None:
+                head.backward()  # into the shared prefix's leaves, before theirs
             if shared is not None:
                 shared.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -223,18 +231,25 @@ class LoraTrainer:
         body = self.model.get_base_model().model
         return _PrefixPass(body, prefix.to(self.device), checkpointed=long)
 
+    def _head_pass(self, head: torch.Tensor, shared: _PrefixPass) -> _PrefixPass:
+        """A group's own head (`MicroBatch.head`), run once after the update's shared prefix
+        for all the group's micro-batches: its gradient reaches the prefix through `shared`'s
+        leaves."""
+        body = self.model.get_base_model().model
+        return _PrefixPass(body, head.to(self.device), past=shared.kv)
+
     def _logprobs_before(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
         """Each micro-batch's log-probabilities under the policy as it is, without gradients."""
         out = []
         with torch.no_grad():
             for batch in batches:
-                prefix = batch.prefix.to(self.device) if batch.prefix is not None else None
                 out.append(
                     self.token_logprobs(
                         batch.input_ids.to(self.device),
                         batch.attention_mask.to(self.device),
                         batch.loss_mask.to(self.device),
-                        prefix=prefix,
+                        prefix=_on(batch.prefix, self.device),
+                        head=_on(batch.head, self.device),
                     )
                 )
         return out
@@ -271,13 +286,14 @@ class LoraTrainer:
         mask = batch.loss_mask.to(self.device)
         sampled = batch.old_logprobs.to(self.device)
         adv = batch.advantages.to(self.device)
-        prefix = batch.prefix.to(self.device) if batch.prefix is not None else None
+        prefix, head = _on(batch.prefix, self.device), _on(batch.head, self.device)
         new = self.token_logprobs(
             ids,
             attention,
             mask,
             prefix=prefix,
             prefix_kv=shared.kv if shared else None,
+            head=None if shared is not None and shared.runs(batch.head) else head,
             checkpointed=checkpointed,
         )
         old = new.detach() if old is None else old.to(self.device)
@@ -288,7 +304,9 @@ class LoraTrainer:
         kl_value = 0.0
         if beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                ref = self.token_logprobs(ids, attention, mask, prefix=prefix, prefix_kv=ref_kv)
+                ref = self.token_logprobs(
+                    ids, attention, mask, prefix=prefix, prefix_kv=ref_kv, head=head
+                )
             kl = norm(kl_k3(new, ref), mask)
             loss = loss + beta * kl
             kl_value = float(kl.detach())
@@ -309,6 +327,7 @@ class LoraTrainer:
         *,
         prefix: torch.Tensor | None = None,
         prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        head: torch.Tensor | None = None,
         checkpointed: bool = False,
     ) -> torch.Tensor:
         """log p(token t | tokens < t) for t = 1..T-1, as [batch, T-1] float32.
@@ -318,15 +337,23 @@ class LoraTrainer:
         logits are the largest tensors of a step. With `prefix` ([P] tokens that precede every
         row of `ids`), the prefix runs once and the rows continue from its key/value cache;
         gradients flow through both. `prefix_kv`: that cache, already computed (`_PrefixPass`).
+        `head` ([H] tokens after the prefix, before every row): run once after the prefix, the
+        rows continuing from both (`MicroBatch.head`).
         `checkpointed`: the rows' layers run under activation checkpoints (`_layer_checkpoints`:
         the same values and gradient, for one more forward pass of the rows).
         """
         causal_lm = self.model.get_base_model()
-        if prefix is None:
+        body = causal_lm.model
+        if prefix is None and head is None:
             hidden = self._hidden(ids, attention, checkpointed)
         else:
-            kv = prefix_kv if prefix_kv is not None else run_prefix(causal_lm.model, prefix)
-            hidden = self._after_prefix(causal_lm.model, kv, ids, attention, checkpointed)
+            kv = prefix_kv
+            if kv is None and prefix is not None:
+                kv = run_prefix(body, prefix)
+            if head is not None:
+                kv = run_prefix(body, head, past=kv)
+            assert kv is not None
+            hidden = self._after_prefix(body, kv, ids, attention, checkpointed)
         hidden, targets = hidden[:, :-1], ids[:, 1:]
         if mask is None:
             logits = causal_lm.lm_head(hidden).float()
@@ -468,6 +495,10 @@ def _reward_metrics(stats: Any) -> dict[str, float]:
     }
 
 
+def _on(tokens: torch.Tensor | None, device: Any) -> torch.Tensor | None:
+    return tokens.to(device) if tokens is not None else None
+
+
 class _PrefixPass:
     """A prefix shared by an update's micro-batches, run forward once and backward once.
 
@@ -476,15 +507,31 @@ class _PrefixPass:
     gradient is the same as running the prefix in every micro-batch, at one prefix's cost.
     """
 
-    def __init__(self, body: Any, prefix: torch.Tensor, checkpointed: bool = False) -> None:
+    def __init__(
+        self,
+        body: Any,
+        prefix: torch.Tensor,
+        checkpointed: bool = False,
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
+        self.tokens = prefix
+        self.head = past is not None  # runs after `past`, and holds both
         self.outputs = (
-            _checkpointed_prefix(body, prefix) if checkpointed else run_prefix(body, prefix)
+            _checkpointed_prefix(body, prefix)
+            if checkpointed
+            else run_prefix(body, prefix, past=past)
         )
         self.kv = [
             (keys.detach().requires_grad_(keys.requires_grad),
              values.detach().requires_grad_(values.requires_grad))
             for keys, values in self.outputs
         ]  # fmt: skip
+
+    def runs(self, head: torch.Tensor | None) -> bool:
+        """Whether this pass is a group's head, and the head `head`."""
+        if not self.head or head is None:
+            return False
+        return torch.equal(head.to(self.tokens.device), self.tokens)
 
     def backward(self) -> None:
         pairs = [
