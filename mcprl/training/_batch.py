@@ -212,7 +212,7 @@ def split_by_group(sequences: list[Sequence], parts: int) -> list[list[Sequence]
 
 HEAD_MINIMUM = 64
 """Tokens a group's rows share past the update's prefix (its task, a worked example shown to
-it) for the group to be packed in micro-batches of its own, that head run once in each."""
+it) for the group to be packed in micro-batches of its own, that head run once for them all."""
 
 
 def micro_batches(
