@@ -508,40 +508,60 @@ def test_a_shared_prefix_run_once_gives_the_same_gradient(base_path):
 
 
 @pytest.mark.slow
-def test_a_groups_own_head_runs_once_for_its_micro_batches_with_the_same_gradient(base_path):
+def test_a_groups_own_head_runs_once_for_its_micro_batches_with_the_same_gradient(
+    base_path, checkpoints
+):
     """Two groups behind one prompt, each task opened by its own 90-token worked example, each
     attempt a micro-batch of its own: each group's example (its head) runs once for its two
     micro-batches, after the prompt run once for all four, and the gradient is the one of
-    every row run whole; so with the KL term on."""
-    grads, tokens, heads = {}, {}, []
-    for share in (False, True):
-        for beta in (0.0, 0.5):
-            torch.manual_seed(0)
-            trainer = LoraTrainer(base_path)
-            prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
-            example = trainer.tokenizer.encode("Worked example: add 2 and 3, answer 5. " * 8)
-            tails = [list(range(100, 140)), list(range(300, 340))]
-            groups = [
-                _on_policy_group(trainer, [*prompt, *example[g:], 21 + g], tails, [1, 0])
-                for g in range(2)
-            ]
-            sequences, _ = build_sequences(groups)
-            batches = micro_batches(sequences, 64, 0, share_prefix=share)
-            tokens[share] = sum(b.input_ids.numel() for b in batches) + (
-                len(prompt) + len(example) * 2 if share else 0
-            )
-            config = TrainConfig(max_grad_norm=None, learning_rate=1e-9, share_prefix=share,
-                                 token_budget=64, beta=beta)  # fmt: skip
-            trainer._head_pass = _recording(trainer._head_pass, heads)
-            trainer.step(groups, config)
-            grads[share, beta] = _seen_gradient(trainer)
+    every row run whole; so with the KL term on, and with the prompt and heads under layer
+    checkpoints."""
+    grads, tokens, heads, layers = {}, {}, [], {}
+    runs = [(False, 512, 0.0), (True, 512, 0.0), (True, 64, 0.0), (False, 512, 0.5),
+            (True, 512, 0.5)]  # fmt: skip
+    for share, checkpoint, beta in runs:
+        torch.manual_seed(0)
+        trainer = LoraTrainer(base_path)
+        prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
+        example = trainer.tokenizer.encode("Worked example: add 2 and 3, answer 5. " * 8)
+        tails = [list(range(100, 140)), list(range(300, 340))]
+        groups = [
+            _on_policy_group(trainer, [*prompt, *example[g:], 21 + g], tails, [1, 0])
+            for g in range(2)
+        ]
+        sequences, _ = build_sequences(groups)
+        batches = micro_batches(sequences, 64, 0, share_prefix=share)
+        tokens[share] = sum(b.input_ids.numel() for b in batches) + (
+            len(prompt) + len(example) * 2 if share else 0
+        )
+        config = TrainConfig(
+            max_grad_norm=None,
+            learning_rate=1e-9,
+            share_prefix=share,
+            token_budget=64,
+            beta=beta,
+            checkpoint_prefix=checkpoint,
+        )
+        trainer._head_pass = _recording(trainer._head_pass, heads)
+        checkpoints.clear()
+        trainer.step(groups, config)
+        grads[share, checkpoint, beta] = _seen_gradient(trainer)
+        layers[share, checkpoint, beta] = len(checkpoints)
     assert [len(b.head) for b in batches] == [len(example)] * 2 + [len(example) - 1] * 2
     assert all(len(b.prefix) == len(prompt) for b in batches)
     assert [b.input_ids.shape for b in batches] == [(1, 41)] * 4  # the task's last token on
-    assert len(heads) == 4  # twice a step: once for each group's two micro-batches
+    assert len(heads) == 6  # twice a step: once for each group's two micro-batches
     assert tokens[True] < 0.6 * tokens[False]  # 4 rows of 226 tokens: 906 in all, 471 so
-    for beta in (0.0, 0.5):  # 1.9e-4 apart on the AMD EPYC; without the heads' own gradient 0.6
-        _assert_same_gradient(grads[True, beta], grads[False, beta], rtol=1e-3)
+    depth = trainer.model.config.num_hidden_layers
+    # whole rows over the budget run under layer checkpoints, a row each; shared, the rows'
+    # own 41 tokens do not, and from 64 tokens the prompt and the two heads do
+    assert layers == {(False, 512, 0.0): 4 * depth, (True, 512, 0.0): 0,
+                      (True, 64, 0.0): 3 * depth, (False, 512, 0.5): 4 * depth,
+                      (True, 512, 0.5): 0}  # fmt: skip
+    # 1.9e-4 apart on the AMD EPYC; without the heads' own gradient 0.6
+    for share, checkpoint, beta in runs[1:3] + runs[4:]:
+        got = grads[share, checkpoint, beta]
+        _assert_same_gradient(got, grads[False, 512, beta], rtol=1e-3)
 
 
 @pytest.fixture

@@ -167,7 +167,7 @@ class LoraTrainer:
                     head.backward()
                     head = None
                 if head is None and batch.head is not None and shared is not None:
-                    head = self._head_pass(batch.head, shared)
+                    head = self._head_pass(batch.head, shared, config.checkpoint_prefix)
                 if config.old_logprobs == "sampler":
                     own = batch.old_logprobs
                 # a row longer than the budget is a micro-batch of its own, and would keep
@@ -231,12 +231,15 @@ class LoraTrainer:
         body = self.model.get_base_model().model
         return _PrefixPass(body, prefix.to(self.device), checkpointed=long)
 
-    def _head_pass(self, head: torch.Tensor, shared: _PrefixPass) -> _PrefixPass:
+    def _head_pass(
+        self, head: torch.Tensor, shared: _PrefixPass, checkpoint_from: int | None = None
+    ) -> _PrefixPass:
         """A group's own head (`MicroBatch.head`), run once after the update's shared prefix
-        for all the group's micro-batches: its gradient reaches the prefix through `shared`'s
-        leaves."""
+        for all the group's micro-batches, with layer checkpoints from `checkpoint_from`
+        tokens: its gradient reaches the prefix through `shared`'s leaves."""
         body = self.model.get_base_model().model
-        return _PrefixPass(body, head.to(self.device), past=shared.kv)
+        long = checkpoint_from is not None and len(head) >= checkpoint_from
+        return _PrefixPass(body, head.to(self.device), checkpointed=long, past=shared.kv)
 
     def _logprobs_before(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
         """Each micro-batch's log-probabilities under the policy as it is, without gradients."""
@@ -517,7 +520,7 @@ class _PrefixPass:
         self.tokens = prefix
         self.head = past is not None  # runs after `past`, and holds both
         self.outputs = (
-            _checkpointed_prefix(body, prefix)
+            _checkpointed_prefix(body, prefix, past)
             if checkpointed
             else run_prefix(body, prefix, past=past)
         )
@@ -546,11 +549,12 @@ class _PrefixPass:
 
 
 def _checkpointed_prefix(
-    body: Any, prefix: torch.Tensor
+    body: Any, prefix: torch.Tensor, past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`run_prefix` under layer checkpoints (`_layer_checkpoints`). Keys and values still carry
-    their graph, so gradients reach the prefix as before."""
-    with _layer_checkpoints(body) as cache:
+    """`run_prefix` under layer checkpoints (`_layer_checkpoints`), after `past` where given
+    (the result holds both, as `run_prefix`'s does). Keys and values still carry their graph,
+    so gradients reach the prefix, and `past`, as before."""
+    with _layer_checkpoints(body, past) as cache:
         body(input_ids=prefix[None], past_key_values=cache, use_cache=True)
     return [(layer.keys, layer.values) for layer in cache.layers]
 
