@@ -161,7 +161,7 @@ class LoraTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             shared = self._prefix_pass(batches, config.checkpoint_prefix)
             ref_kv = self._reference_prefix(batches) if config.beta > 0 else None
-            head: _PrefixPass | None = None  # a group's own head, run once for its micro-batches
+            head: _HeadPass | None = None  # a group's own head, run once for its micro-batches
             for batch, own in zip(batches, olds, strict=True):
                 if head is not None and not head.runs(batch.head):
                     head.backward()
@@ -224,7 +224,7 @@ class LoraTrainer:
         """The prefix the micro-batches of an update share, run once for all of them; with
         layer checkpoints when it has `checkpoint_from` tokens or more."""
         prefix = batches[0].prefix
-        long = prefix is not None and checkpoint_from is not None and len(prefix) >= checkpoint_from
+        long = _reaches(prefix, checkpoint_from)
         if prefix is None or (len(batches) < 2 and not long):
             return None  # one micro-batch runs its prefix itself
         assert all(b.prefix is not None and torch.equal(b.prefix, prefix) for b in batches)
@@ -233,13 +233,13 @@ class LoraTrainer:
 
     def _head_pass(
         self, head: torch.Tensor, shared: _PrefixPass, checkpoint_from: int | None = None
-    ) -> _PrefixPass:
+    ) -> _HeadPass:
         """A group's own head (`MicroBatch.head`), run once after the update's shared prefix
         for all the group's micro-batches, with layer checkpoints from `checkpoint_from`
         tokens: its gradient reaches the prefix through `shared`'s leaves."""
         body = self.model.get_base_model().model
-        long = checkpoint_from is not None and len(head) >= checkpoint_from
-        return _PrefixPass(body, head.to(self.device), checkpointed=long, past=shared.kv)
+        checkpointed = _reaches(head, checkpoint_from)
+        return _HeadPass(body, head.to(self.device), checkpointed=checkpointed, past=shared.kv)
 
     def _logprobs_before(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
         """Each micro-batch's log-probabilities under the policy as it is, without gradients."""
@@ -296,7 +296,8 @@ class LoraTrainer:
             mask,
             prefix=prefix,
             prefix_kv=shared.kv if shared else None,
-            head=None if shared is not None and shared.runs(batch.head) else head,
+            # the step hands a micro-batch with a head that head's pass, or else runs it here
+            head=None if isinstance(shared, _HeadPass) else head,
             checkpointed=checkpointed,
         )
         old = new.detach() if old is None else old.to(self.device)
@@ -518,7 +519,6 @@ class _PrefixPass:
         past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
         self.tokens = prefix
-        self.head = past is not None  # runs after `past`, and holds both
         self.outputs = (
             _checkpointed_prefix(body, prefix, past)
             if checkpointed
@@ -530,12 +530,6 @@ class _PrefixPass:
             for keys, values in self.outputs
         ]  # fmt: skip
 
-    def runs(self, head: torch.Tensor | None) -> bool:
-        """Whether this pass is a group's head, and the head `head`."""
-        if not self.head or head is None:
-            return False
-        return torch.equal(head.to(self.tokens.device), self.tokens)
-
     def backward(self) -> None:
         pairs = [
             (out, leaf.grad)
@@ -546,6 +540,21 @@ class _PrefixPass:
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], grad_tensors=[g for _, g in pairs])
         self.outputs = self.kv = []  # free the graph
+
+
+class _HeadPass(_PrefixPass):
+    """A group's own head, run once after the update's shared prefix (`past`, whose keys and
+    values it holds too) for all the group's micro-batches; its backward reaches the prefix's
+    leaves, so it runs before the prefix's own."""
+
+    def runs(self, head: torch.Tensor | None) -> bool:
+        """Whether this pass is the head `head`."""
+        return head is not None and torch.equal(head.to(self.tokens.device), self.tokens)
+
+
+def _reaches(tokens: torch.Tensor | None, checkpoint_from: int | None) -> bool:
+    """Whether `tokens` are enough to run under layer checkpoints (`checkpoint_from` or more)."""
+    return tokens is not None and checkpoint_from is not None and len(tokens) >= checkpoint_from
 
 
 def _checkpointed_prefix(
