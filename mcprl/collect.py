@@ -85,9 +85,9 @@ async def collect_groups(
         )
 
 
-# Servers (by spec) seen to have a tool that may write, so that later collections do not start
-# a process only to list the tools again.
-_WRITING: set[str] = set()
+# The tools that may write of servers (by spec) seen to have one, so that later collections do
+# not start a process only to list the tools again.
+_WRITERS: dict[str, frozenset[str]] = {}
 
 
 def _server_key(server: Any) -> str | None:
@@ -98,20 +98,22 @@ def _server_key(server: Any) -> str | None:
 
 @contextlib.asynccontextmanager
 async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[Any]:
-    """What each attempt connects to: one session that all share, where every tool of the
-    server only reads (nothing an attempt does can change what another sees, and no process
-    starts per attempt); otherwise the server itself, a fresh session per attempt.
+    """What each attempt connects to: one session that all share, where every tool the agent
+    is offered only reads (nothing an attempt does can change what another sees, and no process
+    starts per attempt: a tool in `config.hidden_tools` is never called); otherwise the server
+    itself, a fresh session per attempt.
 
     A tool reads by `mcprl.mcp.tool_access`, the judgement that also decides which tools the
     scenario generator may call: its annotations where it has them, else a conservative reading
     of its name. Starting a process per attempt is not free: a FastMCP server took 1.1-1.5 s of
     CPU to start here, 15 s of every 80-second units rollout phase (benchmarks/RESULTS.md)."""
     key = _server_key(server)
+    hidden = set(config.hidden_tools)
     if (
         server is None
         or config.share_session == "never"
         or isinstance(server, MCPSession)
-        or key in _WRITING
+        or (key in _WRITERS and _WRITERS[key] - hidden)
     ):
         yield server
         return
@@ -121,12 +123,13 @@ async def attempt_server(server: Any, config: RolloutConfig) -> AsyncIterator[An
         elicitation=config.elicitation,
         sampling=sampler(config),
     ) as session:
-        tools = await session.list_tools()
-        if tools and not writing_tools([tool_info(t) for t in tools]):
+        tools = [tool_info(t) for t in await session.list_tools()]
+        writers = frozenset(t.name for t in writing_tools(tools))
+        if any(t.name not in hidden for t in tools) and not writers - hidden:
             yield session
             return
-    if key is not None:  # the next collection goes straight to a session per attempt
-        _WRITING.add(key)
+    if key is not None and writers:  # the next collection goes straight to a session per attempt
+        _WRITERS[key] = writers
     yield server
 
 

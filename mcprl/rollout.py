@@ -197,7 +197,8 @@ class RolloutConfig(BaseModel):
     )
     share_session: Literal["auto", "never"] = Field(
         default="auto",
-        description="auto: when every tool of the server only reads (annotated readOnlyHint, "
+        description="auto: when every tool the agent is offered (not in hidden_tools) only "
+        "reads (annotated readOnlyHint, "
         "or, without annotations, a name that says it reads: `mcprl.mcp.tool_access`), the "
         "attempts of one collection share one server session (one process over stdio) "
         "instead of starting one each; never: a fresh session per attempt",

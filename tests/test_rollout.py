@@ -906,6 +906,31 @@ async def test_attempts_share_one_server_process_only_when_every_tool_only_reads
         assert len({t.messages[3]["content"] for t in groups[0].trajectories}) == 2
 
 
+async def test_attempts_share_one_server_process_when_the_tools_that_write_are_not_offered(
+    tmp_path,
+):
+    """A server with a tool that may write (git's `git_commit` beside its `git_log`): attempts
+    share one process once that tool is hidden from the agent, since no attempt can call it."""
+    from mcprl.collect import collect_groups
+
+    path, started = tmp_path / "whoami.py", tmp_path / "started.txt"
+    source = WHOAMI_SERVER.format(annotations="", started=str(started), name="get_pid")
+    writer = '@server.tool()\ndef reset_pid() -> str:\n    """Forget the pid."""\n    return "ok"\n'
+    path.write_text(source.replace("serve(server)", writer + "\nserve(server)"))
+    task = Scenario(id="w", task="Who answers?", difficulty=1)
+
+    async def pids(hidden: list[str]) -> set[str]:
+        groups = await collect_groups(
+            _ScriptedModel(), [task], f"{sys.executable} {path}",
+            RolloutConfig(max_turns=2, hidden_tools=hidden),
+            attempts=3, seed=0, max_concurrency=3, progress=False,
+        )  # fmt: skip
+        return {t.messages[3]["content"] for t in groups[0].trajectories}
+
+    assert len(await pids([])) == 3  # the agent may call reset_pid: a process per attempt
+    assert len(await pids(["reset_pid"])) == 1
+
+
 async def test_an_endpoint_that_rejects_allowed_tools_gets_an_error_naming_the_switch(
     calculator,
 ):

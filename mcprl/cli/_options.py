@@ -83,7 +83,7 @@ ROLLOUT = [
         "--fresh-sessions",
         "share_session",
         "a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
-        "when every tool only reads (by default those attempts share one)",
+        "when every tool offered only reads (by default those attempts share one)",
         const="never",
     ),
     Setting(
