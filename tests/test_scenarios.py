@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -269,6 +270,43 @@ async def test_grounded_scenarios_on_a_stateful_server_replay_from_a_fresh_sessi
     scenarios = await grounded_scenarios(spec, n=5, seed=1, chain_fraction=1.0, allow_writes=True)
     for s in scenarios:
         await _replay(spec, s)
+
+
+SQUARES_SERVER = f"""
+import os, sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+from _compat import READS, make_server, serve
+with open({{started!r}}, "a") as f:  # one line per process started
+    f.write(str(os.getpid()) + "\\n")
+server = make_server("squares", "squares of whole numbers")
+
+@server.tool(annotations=READS)
+def square(n: int) -> int:
+    \"\"\"The square of the whole number n.\"\"\"
+    return n * n
+
+serve(server)
+"""
+
+
+async def test_grounded_generation_on_a_server_that_only_reads_starts_one_process_for_its_calls(
+    tmp_path,
+):
+    """The chains share one session (a process over stdio) where nothing they call can write;
+    only the replay of each kept scenario opens a fresh one. A process per chain cost git's
+    generation ~1.2 s each, 264 s for 24 tasks in 218 tries."""
+    from mcprl.scenarios._grounded import build_grounded
+
+    path, started = tmp_path / "squares.py", tmp_path / "started.txt"
+    path.write_text(SQUARES_SERVER.format(started=str(started)))
+    spec = f"{sys.executable} {path}"
+    scenarios, report = await build_grounded(spec, n=3, seed=0)
+    replays = (
+        report.built + report.rejected["results that change between sessions (time, random ids)"]
+    )
+    assert len(scenarios) == 3 and report.attempts >= 3
+    # the listing of the tools, the shared session, one replay per scenario it would keep
+    assert len(started.read_text().split()) == 2 + replays
 
 
 async def test_grounded_generation_is_reproducible():

@@ -82,8 +82,9 @@ ROLLOUT = [
     Setting(
         "--fresh-sessions",
         "share_session",
-        "a fresh MCP session (over stdio: a fresh server process) for every attempt, even "
-        "when every tool offered only reads (by default those attempts share one)",
+        "a fresh MCP session (over stdio: a fresh server process) for every attempt, and for "
+        "every chain of calls that builds a task, even when every tool offered only reads (by "
+        "default those share one)",
         const="never",
     ),
     Setting(

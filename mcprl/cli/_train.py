@@ -90,6 +90,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return await scenarios_for(
             args.server, info, n=args.n, generator=args.generator, seed=config.seed,
             allow_writes=config.rollout.allow_writes, say=say,
+            fresh_sessions=config.rollout.share_session == "never",
         )  # fmt: skip
 
     with open_backend(args) as backend:

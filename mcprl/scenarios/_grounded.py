@@ -11,6 +11,7 @@ calls with the results the server returned, and an expected answer where one can
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -570,12 +571,20 @@ class _Generator:
         self.rng = rng
         self.report = report
         self.options = session_options
+        self.info_name = info.name
         self.paths = server_paths(server)
         self.prefix = _tool_prefix(info.tools)
         pool = ValuePool.from_server(info)
         pool.paths = [p for p in self.paths if not p.endswith((".json", ".db", ".sqlite"))]
         self.sampler = SchemaSampler(rng, pool)
         self.repeat_checked: set[str] = set()
+        self.shared: Any = None  # one session for every chain, where the tools only read
+
+    def session(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The session a chain calls in: the shared one where set, else a fresh one."""
+        if self.shared is not None:
+            return contextlib.nullcontext(self.shared)
+        return open_session(self.server, **self.options)
 
     def drop(self, tool: ToolInfo, why: str) -> None:
         if tool in self.tools:
@@ -623,7 +632,7 @@ class _Generator:
     async def chain(self, length: int) -> list[_Step]:
         steps: list[_Step] = []
         report, rng = self.report, self.rng
-        async with open_session(self.server, **self.options) as session:
+        async with self.session() as session:
             # A failed call rarely changes state, so the first step may be retried in this session.
             for _ in range(4):
                 if not self.tools:
@@ -673,7 +682,7 @@ class _Generator:
         if sql is None:
             return steps
         args = {**step.arguments, param: sql}
-        async with open_session(self.server, **self.options) as session:
+        async with self.session() as session:
             result = await session.call_tool(step.tool.name, args)
         if _failed(result) or leaks_secret(result.text, self.paths):
             return steps
@@ -694,7 +703,7 @@ class _Generator:
 
     async def warm_up(self) -> None:
         """Call every tool a few times to learn what values the server deals in."""
-        async with open_session(self.server, **self.options) as session:
+        async with self.session() as session:
             for _ in range(3):
                 for tool in list(self.tools):
                     args = self.sampler.for_tool(tool)
@@ -742,6 +751,7 @@ async def build_grounded(
     max_attempts: int | None = None,
     info: ServerInfo | None = None,
     allow_writes: bool = False,
+    fresh_sessions: bool = False,
     progress: bool = False,
     **session_options: Any,
 ) -> tuple[ScenarioSet, GenerationReport]:
@@ -749,7 +759,9 @@ async def build_grounded(
 
     Only tools that read (`mcprl.mcp.tool_access`) are called unless `allow_writes`. A result
     that is an error (flagged, or worded as one) never becomes a reference, and a scenario whose
-    calls give other results in a fresh session (the time, a new id) is dropped. Returns what
+    calls give other results in a fresh session (the time, a new id) is dropped. The chains share
+    one session (one process over stdio) unless `allow_writes` or `fresh_sessions` (a session
+    per chain, for a server whose reading tools keep state per session). Returns what
     was built, even when short of `n`, with a report of what was turned down; raises
     `ScenarioGenerationError` only when nothing could be built.
     """
@@ -788,6 +800,26 @@ async def build_grounded(
         )
     rng = random.Random(seed)
     gen = _Generator(server, tools, rng, info, report, session_options)
+    async with contextlib.AsyncExitStack() as stack:
+        if not (allow_writes or fresh_sessions):  # no call changes what a later chain sees
+            gen.shared = await stack.enter_async_context(open_session(server, **session_options))
+        out = await _generate(gen, n, seed, chain_fraction, max_steps, max_attempts, progress)
+    report.built = len(out)
+    report.seconds = time.perf_counter() - started
+    if not out:
+        example = f" The last failure: {report.last_error}." if report.last_error else ""
+        raise ScenarioGenerationError(
+            f"{report.describe()}.{example} The server may need arguments this sampler cannot "
+            "guess: use an LLM `generator`, or write scenarios by hand"
+        )
+    return ScenarioSet(out), report
+
+
+async def _generate(gen: _Generator, n: int, seed: int, chain_fraction: float, max_steps: int,
+                    max_attempts: int | None, progress: bool) -> list[Scenario]:  # fmt: skip
+    """`build_grounded`'s loop: chains called, asked about, screened and replayed until `n`
+    scenarios are kept or the attempts run out."""
+    report, rng = gen.report, gen.rng
     deduper = Deduper(threshold=0.95)
     await gen.warm_up()
     out: list[Scenario] = []
@@ -795,7 +827,7 @@ async def build_grounded(
     budget = max_attempts if max_attempts is not None else 12 * n
     give_up = max(24, 2 * n)  # attempts without one working first call: the sampler cannot help
     since_new = 0  # attempts since the last scenario kept: the server has no new ones to give
-    bar = _bar(n, info.name, progress)
+    bar = _bar(n, gen.info_name, progress)
     try:
         for _ in range(budget):
             report.attempts += 1
@@ -837,15 +869,7 @@ async def build_grounded(
     finally:
         if bar is not None:
             bar.close()
-    report.built = len(out)
-    report.seconds = time.perf_counter() - started
-    if not out:
-        example = f" The last failure: {report.last_error}." if report.last_error else ""
-        raise ScenarioGenerationError(
-            f"{report.describe()}.{example} The server may need arguments this sampler cannot "
-            "guess: use an LLM `generator`, or write scenarios by hand"
-        )
-    return ScenarioSet(out), report
+    return out
 
 
 def _bar(n: int, name: str, enabled: bool) -> Any:

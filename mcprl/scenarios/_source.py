@@ -61,6 +61,7 @@ async def grounded_with_notes(
     seed: int = 0,
     info: Any = None,
     allow_writes: bool = False,
+    fresh_sessions: bool = False,
     say: Callable[[str], None] | None = None,
     progress: bool = True,
 ) -> ScenarioSet:
@@ -74,8 +75,9 @@ async def grounded_with_notes(
             "this against a disposable copy of it"
         )
     scenarios, report = await build_grounded(
-        server, n, seed=seed, info=info, allow_writes=allow_writes, progress=progress
-    )
+        server, n, seed=seed, info=info, allow_writes=allow_writes,
+        fresh_sessions=fresh_sessions, progress=progress,
+    )  # fmt: skip
     if report.skipped_tools or report.unfillable_tools or report.built < n or report.rejected:
         say(f"  {report.describe()}")
     if report.built < n:
@@ -91,6 +93,7 @@ async def scenarios_for(
     generator: str | None = None,
     seed: int = 0,
     allow_writes: bool = False,
+    fresh_sessions: bool = False,
     val_fraction: float = 0.25,
     say: Callable[[str], None] | None = None,
     progress: bool = True,
@@ -116,6 +119,7 @@ async def scenarios_for(
     else:
         say(f"  no LLM configured: building {n} grounded scenarios on the server …")
         made = await grounded_with_notes(
-            server, n, seed=seed, info=info, allow_writes=allow_writes, say=say, progress=progress
-        )
+            server, n, seed=seed, info=info, allow_writes=allow_writes,
+            fresh_sessions=fresh_sessions, say=say, progress=progress,
+        )  # fmt: skip
     return made.with_split(val_fraction, seed=seed)
