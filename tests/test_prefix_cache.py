@@ -288,3 +288,48 @@ def test_kept_replies_stay_within_their_memory_budget():
     assert cache.bytes <= cache.max_bytes
     cache.drop(None)
     assert not cache.entries and cache.bytes == 0
+
+
+def test_a_wave_of_groups_each_with_a_long_prompt_of_its_own_runs_each_prompt_once(
+    fp32_model, monkeypatch
+):
+    """Two groups of three attempts, each task opened by a long worked example of its own,
+    arrive in one wave: each group's prompt runs through the model once, not once a row, and
+    every row decodes as it does when all six are prefilled together."""
+    import mcprl.serving._engine as engine_module
+    from mcprl.serving import Engine
+    from mcprl.serving._engine import SamplingParams
+
+    tok = fp32_model.tokenizer
+    tools = tok.encode("System: the tools are add, subtract, multiply and divide. " * 8)
+    groups = [tools + tok.encode(f"Example: {n} plus {n} is {2 * n}. " * 16) for n in (7, 12)]
+    assert min(len(g) for g in groups) - len(tools) >= engine_module.OWN_HEAD_MINIMUM
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    built = []
+    prefix_kv = engine_module.prefix_kv
+
+    def counted(model, ids, **kwargs):
+        built.append(len(ids))
+        return prefix_kv(model, ids, **kwargs)
+
+    monkeypatch.setattr(engine_module, "prefix_kv", counted)
+
+    def run(apart: bool):
+        monkeypatch.setattr(engine_module, "OWN_HEAD_MINIMUM", 128 if apart else 10**9)
+        built.clear()
+        engine = Engine(fp32_model)
+        try:
+            with engine.paused():  # one wave
+                futures = [engine.submit(g, params) for g in groups for _ in range(3)]
+            results = [f.result(timeout=120)[0] for f in futures]
+            return results, engine.stats["prefill_tokens"] + sum(built)
+        finally:
+            engine.close()
+
+    together, together_tokens = run(False)
+    apart, apart_tokens = run(True)
+    assert apart_tokens < together_tokens / 2
+    for a, b in zip(together, apart, strict=True):
+        assert a.token_ids == b.token_ids
+        drift = [abs(x - y) for x, y in zip(a.model_logprobs, b.model_logprobs, strict=True)]
+        assert max(drift) < 1e-3

@@ -42,6 +42,7 @@ from mcprl.serving._prefix import (
     Continuation,
     ConversationCache,
     PrefixCache,
+    common_prefix_length,
     kv_head,
     prefix_kv,
 )
@@ -424,7 +425,7 @@ class Engine:
         self._adapters.use(adapter)
         for group in (
             [r for r in joining if id(r) in found],
-            [r for r in joining if id(r) not in found],
+            *_by_own_head([r for r in joining if id(r) not in found]),
         ):
             if not group:
                 continue
@@ -900,6 +901,33 @@ def _kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
     if not (layers and kv_heads and dim):
         return None
     return int(layers) * 2 * int(kv_heads) * int(dim) * dtype.itemsize
+
+
+# Tokens a prompt repeated by several requests of a wave must run past what the whole wave
+# shares for those requests to be prefilled apart (`_by_own_head`).
+OWN_HEAD_MINIMUM = 128
+
+
+def _by_own_head(requests: list[_Request]) -> list[list[_Request]]:
+    """The requests of a wave to prefill together: apart, each prompt that several rows repeat
+    and that runs `OWN_HEAD_MINIMUM` tokens or more past what the whole wave shares (a group's
+    attempts at a task opened by its own worked example: its ~1,000 tokens then run once, not
+    once a row; the batches merge after); then the rest, together."""
+    if len(requests) < 2:
+        return [requests]
+    shared = common_prefix_length([r.prompt_ids for r in requests])
+    same: dict[tuple[int, ...], list[_Request]] = {}
+    for r in requests:
+        same.setdefault(tuple(r.prompt_ids), []).append(r)
+    apart = [
+        group
+        for prompt, group in same.items()
+        if sum(r.params.n for r in group) > 1 and len(prompt) - shared >= OWN_HEAD_MINIMUM
+    ]
+    if not apart:
+        return [requests]
+    kept = {id(r) for group in apart for r in group}
+    return [*apart, [r for r in requests if id(r) not in kept]]
 
 
 def _joined_width(width: int, prompt: list[int], head: tuple[int, ...]) -> tuple[int, int]:
