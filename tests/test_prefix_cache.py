@@ -66,6 +66,19 @@ def test_a_much_longer_shared_prefix_gets_its_own_entry():
     assert built[1][0] == 10 and len(cache.entries) == 3
 
 
+def test_the_head_that_groups_extend_outlives_their_own_entries():
+    """A wave of more groups than the cache keeps, each with a long prompt of its own on the
+    shared head: the head is never evicted, the oldest group's entry is."""
+    cache = PrefixCache(max_entries=3, min_tokens=4, slack=2)
+    head = list(range(10))
+    cache.lookup(None, [[*head, 1], [*head, 2]], _kv)
+    groups = [head + [g] * 10 for g in range(20, 24)]
+    for own in groups:
+        cache.lookup(None, [[*own, 1], [*own, 2]], _kv)
+    kept = [list(key[1]) for key in cache.entries]
+    assert head in kept and groups[0] not in kept and groups[-1] in kept
+
+
 @pytest.fixture(scope="module")
 def fp32_model():
     from mcprl.serving import load_model

@@ -106,7 +106,10 @@ class PrefixCache:
             return start, kv_head(self.entries[key], start)
         if shared < self.min_tokens:
             return 0, None
-        known = kv_head(self.entries[key], start) if key is not None else None
+        known = None
+        if key is not None:  # the entry it extends counts as used: the wave's shared head
+            self.entries.move_to_end(key)  # outlives the groups' own heads built on it
+            known = kv_head(self.entries[key], start)
         self.entries[(adapter, ids)] = build(list(ids), start, known)
         self.stats["builds"] += 1
         self.stats["saved_tokens"] += shared * (len(prompts) - 1) + start
@@ -118,13 +121,14 @@ class PrefixCache:
         """The most leading tokens of `ids` a cached entry of `adapter` starts with too, and
         that entry's key: a whole entry, or the start of one that goes on otherwise (the tool
         block of another task's head)."""
-        start, best = 0, None
+        start, best, whole = 0, None, False
         for key in self.entries:
             if key[0] == adapter:
                 same = [a == b for a, b in zip(ids, key[1], strict=False)]
                 n = same.index(False) if False in same else len(same)
-                if n > start:
-                    start, best = n, key
+                # of entries that share as much, the one it covers whole (the wave's head)
+                if n > start or (n == start and n == len(key[1]) and not whole):
+                    start, best, whole = n, key, n == len(key[1])
         return start, best
 
     def drop(self, adapter: str | None) -> None:
