@@ -121,14 +121,15 @@ class PrefixCache:
         """The most leading tokens of `ids` a cached entry of `adapter` starts with too, and
         that entry's key: a whole entry, or the start of one that goes on otherwise (the tool
         block of another task's head)."""
-        start, best, whole = 0, None, False
+        start, best = 0, None
         for key in self.entries:
             if key[0] == adapter:
                 same = [a == b for a, b in zip(ids, key[1], strict=False)]
                 n = same.index(False) if False in same else len(same)
                 # of entries that share as much, the one it covers whole (the wave's head)
+                whole = best is not None and start == len(best[1])
                 if n > start or (n == start and n == len(key[1]) and not whole):
-                    start, best, whole = n, key, n == len(key[1])
+                    start, best = n, key
         return start, best
 
     def drop(self, adapter: str | None) -> None:
