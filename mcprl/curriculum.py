@@ -79,7 +79,6 @@ from mcprl.scenarios import Reference, Scenario, has_reference, question_kind
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
-    "CHOICE_WITHOUT_EXAMPLES",
     "SUBTASK_TAG",
     "Informative",
     "Sampling",
@@ -96,12 +95,6 @@ __all__ = [
 ]
 
 SUBTASK_TAG = "subtask"
-
-# what `mcprl train` and `mcprl eval` say when --example-choice is given without --examples
-CHOICE_WITHOUT_EXAMPLES = (
-    "--example-choice picks worked examples, and none are shown without --examples N "
-    "(each attempt opens with N of them: --examples 1)"
-)
 
 Sampling = Literal["fresh", "curriculum", "uniform"]
 

@@ -290,7 +290,7 @@ class RolloutConfig(BaseModel):
         "the attempt runs until it answers or its turns run out",
     )
     examples: int = Field(
-        default=0,
+        default=1,
         ge=0,
         le=8,
         description="worked examples that open every attempt's conversation, after the system "
@@ -301,7 +301,7 @@ class RolloutConfig(BaseModel):
         "with the same number. 0: none",
     )
     example_choice: Literal["kinds", "similar"] = Field(
-        default="kinds",
+        default="similar",
         description="kinds: the same worked examples for every task, one per kind of task; "
         "similar: for each task the train tasks worded most like it (numbers, names and "
         "quoted text aside), other than itself",

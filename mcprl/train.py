@@ -74,7 +74,6 @@ from mcprl.collect import (
     summarize,
 )
 from mcprl.curriculum import (
-    CHOICE_WITHOUT_EXAMPLES,
     Informative,
     Sampling,
     ScenarioSampler,
@@ -541,8 +540,6 @@ class TrainingRun:
             self._offer_tools(self.info)
             if self.config.rollout.examples:
                 await self._show_examples()
-            elif self.config.rollout.example_choice != "kinds":
-                self.say(f"  note: {CHOICE_WITHOUT_EXAMPLES}")
         self.reward = self._resolve_reward()
         if self.config.subtasks and not self.reward.checks_references:
             raise PreflightError(

@@ -239,6 +239,7 @@ async def _step_of_ties_and_mixed(tmp_path, policy=_policy, informative="reward"
         backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
+        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
         config.train.informative = informative
         run = TrainingRun(config, calculator, backend, say=say, progress=False,
                           observers=[Console(say)])  # fmt: skip
@@ -322,6 +323,7 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
         backend = FakeBackend(tmp_path, policy.base_url)
         config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1.5,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
+        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
         config.train.informative = "reward"
         run = TrainingRun(config, calculator, backend, say=said.append, progress=False,
                           observers=[Console(said.append)])  # fmt: skip
@@ -671,6 +673,7 @@ async def _two_demonstrating_steps(tmp_path, policy, scenarios, steps=2, **setti
         config = RunConfig(steps=steps, groups_per_step=1, rollouts_per_group=4, oversample=1,
                            eval_every=0, reward="reference", write_report=False, explore=0,
                            demonstrate=2, **settings)  # fmt: skip
+        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
         run = TrainingRun(config, load_example("calculator").server, backend,
                           say=lambda _: None, progress=False)  # fmt: skip
         await run.prepare(scenarios)
@@ -1072,6 +1075,7 @@ async def test_retry_repeats_asks_training_attempts_again_and_leaves_evaluations
         config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
                            eval_every=0, reward="reference", write_report=False,
                            explore=0, demonstrate=0, retry_repeats=1)  # fmt: skip
+        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
         run = TrainingRun(config, load_example("calculator").server, backend,
                           progress=False)  # fmt: skip
         await run.prepare(scenarios)
@@ -1155,6 +1159,7 @@ async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_
         config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=4, oversample=1,
                            eval_every=0, reward="reference", write_report=False,
                            explore=0, demonstrate=demonstrate, subtasks=2)  # fmt: skip
+        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
         said: list[str] = []
         run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
                           observers=[Console(said.append)])  # fmt: skip
@@ -1220,7 +1225,8 @@ async def test_a_run_solves_its_worked_examples_once_says_which_and_opens_every_
         backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
                            eval_every=0, reward="reference", write_report=False, explore=0,
-                           demonstrate=0, rollout=RolloutConfig(examples=1))  # fmt: skip
+                           demonstrate=0,
+                           rollout=RolloutConfig(examples=1, example_choice="kinds"))  # fmt: skip
         said: list[str] = []
         run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
                           say=said.append)  # fmt: skip
@@ -1291,12 +1297,15 @@ async def test_with_similar_examples_each_task_opens_with_another_worded_like_it
 
 
 @pytest.mark.anyio
-async def test_choosing_examples_by_wording_without_a_number_of_them_says_none_are_shown(tmp_path):
+async def test_examples_0_opens_each_attempt_with_its_own_task(tmp_path):
+    """One worked example worded like the task is the default; `examples=0` turns them off."""
     from mcprl.rollout import RolloutConfig
 
+    assert (RolloutConfig().examples, RolloutConfig().example_choice) == (1, "similar")
     scenarios = ScenarioSet([_chain("c1"), _chain("c0")])
-    _, said, server = await _one_step(tmp_path, scenarios, RolloutConfig(example_choice="similar"))
-    assert any("--example-choice" in line and "--examples 1" in line for line in said), said
+    run, said, server = await _one_step(tmp_path, scenarios, RolloutConfig(examples=0))
+    assert not any("worked example" in line or "worded most like" in line for line in said)
+    assert run.config.rollout.worked_examples == {}
     for request in server.requests:  # the system prompt, then the task itself
         assert request["messages"][1]["content"].startswith("Please complete this task: Task c")
 

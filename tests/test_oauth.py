@@ -181,6 +181,7 @@ async def test_a_training_run_with_client_credentials_outlives_its_tokens(oauth_
         backend = FakeBackend(tmp_path / "runs", policy.base_url)
         config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=2, oversample=1,
                            eval_every=0, reward="reference", write_report=False)  # fmt: skip
+        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
         run = TrainingRun(config, spec, backend, say=lambda _: None, progress=False)
         await run.prepare(scenarios)
         await run._step(_summary(run))

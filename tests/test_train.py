@@ -157,15 +157,15 @@ def test_eval_shows_worked_examples_and_says_when_a_run_trained_with_another_num
     out_dir = trained["tmp"] / "evals-examples"
     argv = [
         "eval", "example:calculator", "--path", str(trained["tmp"] / "runs"), "--model", "agent",
-        "--examples", "1", "--max-turns", "2", "--max-tokens", "24", "--output", str(out_dir),
+        "--examples", "2", "--max-turns", "2", "--max-tokens", "24", "--output", str(out_dir),
         "-q",
     ]  # fmt: skip
     assert main(argv) == 0
-    note = "agent trained with 0 worked examples and this evaluation shows 1: `--examples 0`"
+    note = "agent trained with 1 worked examples and this evaluation shows 2: `--examples 1`"
     assert note in " ".join(capsys.readouterr().err.split())
     (saved,) = out_dir.iterdir()
     (attempts,) = read_groups(saved / "agent@1.jsonl")[0].trajectories
-    assert attempts.metadata["worked_examples"] == 1
+    assert attempts.metadata["worked_examples"] == 2
     assert attempts.messages[1]["content"].startswith("Please complete this task:")
 
 

@@ -16,7 +16,7 @@ from mcprl.errors import UsageError
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from mcprl.curriculum import CHOICE_WITHOUT_EXAMPLES, with_worked_examples
+    from mcprl.curriculum import with_worked_examples
     from mcprl.evaluate import (
         EvalWriter,
         backend_models,
@@ -58,8 +58,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if config.examples:  # as `mcprl train --examples` shows them: from the set's train split
             async with open_session(args.server, max_result_chars=config.max_result_chars) as s:
                 config = await with_worked_examples(whole, s, config)
-        elif config.example_choice != "kinds":
-            say(f"  note: {CHOICE_WITHOUT_EXAMPLES}")
         models = await backend_models(
             args.models, backend, project=project, base_model=args.base_model,
             api_base=args.api_base,

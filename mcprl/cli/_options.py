@@ -117,8 +117,8 @@ ROLLOUT = [
         "--examples",
         "examples",
         "open every attempt with N worked examples: solved tasks of the set's train split, "
-        "one per kind, their reference calls made live (evaluate a run with the N it trained "
-        "with)",
+        "their reference calls made live, chosen by --example-choice; 0 for none (evaluate a "
+        "run with the N it trained with)",
         metavar="N",
     ),
     Setting(
@@ -328,12 +328,12 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
-        "--cap-failures",
+        "--no-cap-failures",
         "train.cap_failures",
-        "push a group's failures down no harder than its winners are pulled up: in a group "
-        "that mostly won, each failure's advantage shrinks to the winners' size, so a solved "
-        "kind's few failures cannot swing the update (benchmarks/RESULTS.md)",
-        const=True,
+        "push a group's failures down as hard as GRPO's advantages say; by default, in a "
+        "group that mostly won, each failure's advantage shrinks to the winners' size, so a "
+        "solved kind's few failures cannot swing the update (benchmarks/RESULTS.md)",
+        const=False,
         group=TRAINING,
     ),
     Setting(

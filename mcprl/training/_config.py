@@ -60,7 +60,7 @@ class TrainConfig(BaseModel):
         "update is mostly the winners pulled up",
     )
     cap_failures: bool = Field(
-        default=False,
+        default=True,
         description="push a group's failures down no harder than its winners are pulled up: "
         "where most of a group's attempts won, each failure's negative advantage is shrunk "
         "to the winners' size (a 7-of-8 group's lone failure otherwise weighs 7 winners). "
