@@ -3,16 +3,31 @@
 It keeps runs on disk exactly as `LocalBackend` does (it inherits the same `StoredRuns`
 methods), serves a given endpoint (a scripted policy, or none), and trains nothing: each
 `train` records the groups it was given and advances the step, checkpointing a marker file.
+
+`scripted_config` is the `RunConfig` of a run whose policy is a scripted endpoint.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from mcprl.backends import Inference, StoredRuns, TrainResult
 from mcprl.backends._store import RunStore
 from mcprl.curriculum import is_informative
+from mcprl.train import RunConfig
+
+
+def scripted_config(**settings: Any) -> RunConfig:
+    """A run for a scripted policy: reference reward, no evaluations, no report, and no worked
+    example (a scripted policy reads every turn of the conversation, and an example's turns
+    would come first). `settings` are `RunConfig`'s fields, over those."""
+    config = RunConfig(
+        **{"eval_every": 0, "reward": "reference", "write_report": False, **settings}
+    )
+    config.rollout.examples = 0
+    return config
 
 
 class FakeBackend(StoredRuns):

@@ -18,7 +18,7 @@ from mcprl.report import write_report
 from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
 from mcprl.train import RunConfig, TrainingRun
 from mcprl.types import Trajectory, TrajectoryGroup
-from tests.fakes import FakeBackend
+from tests.fakes import FakeBackend, scripted_config
 from tests.helpers import LocalChatServer, load_example, solved_scenario
 
 
@@ -237,9 +237,7 @@ async def _step_of_ties_and_mixed(tmp_path, policy=_policy, informative="reward"
     calculator = load_example("calculator").server
     with LocalChatServer(policy) as server:
         backend = FakeBackend(tmp_path, server.base_url)
-        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4,
-                           eval_every=0, reward="reference", write_report=False)  # fmt: skip
-        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
+        config = scripted_config(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=4)
         config.train.informative = informative
         run = TrainingRun(config, calculator, backend, say=say, progress=False,
                           observers=[Console(say)])  # fmt: skip
@@ -321,9 +319,7 @@ async def test_a_step_whose_groups_all_tie_says_it_made_no_update(tmp_path):
     said: list[str] = []
     with LocalChatServer(_policy) as policy:
         backend = FakeBackend(tmp_path, policy.base_url)
-        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1.5,
-                           eval_every=0, reward="reference", write_report=False)  # fmt: skip
-        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
+        config = scripted_config(steps=1, groups_per_step=2, rollouts_per_group=2, oversample=1.5)
         config.train.informative = "reward"
         run = TrainingRun(config, calculator, backend, say=said.append, progress=False,
                           observers=[Console(said.append)])  # fmt: skip
@@ -670,10 +666,8 @@ async def _two_demonstrating_steps(tmp_path, policy, scenarios, steps=2, **setti
     (run, backend)."""
     with LocalChatServer(policy) as server:
         backend = FakeBackend(tmp_path, server.base_url)
-        config = RunConfig(steps=steps, groups_per_step=1, rollouts_per_group=4, oversample=1,
-                           eval_every=0, reward="reference", write_report=False, explore=0,
-                           demonstrate=2, **settings)  # fmt: skip
-        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
+        config = scripted_config(steps=steps, groups_per_step=1, rollouts_per_group=4, oversample=1,
+                                 explore=0, demonstrate=2, **settings)  # fmt: skip
         run = TrainingRun(config, load_example("calculator").server, backend,
                           say=lambda _: None, progress=False)  # fmt: skip
         await run.prepare(scenarios)
@@ -1072,10 +1066,8 @@ async def test_retry_repeats_asks_training_attempts_again_and_leaves_evaluations
     scenarios.scenarios[-1].split = "val"
     with LocalChatServer(_repeats_its_first_call_unless_asked_again) as server:
         backend = FakeBackend(tmp_path, server.base_url)
-        config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
-                           eval_every=0, reward="reference", write_report=False,
-                           explore=0, demonstrate=0, retry_repeats=1)  # fmt: skip
-        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
+        config = scripted_config(steps=1, groups_per_step=1, rollouts_per_group=2, oversample=1,
+                                 explore=0, demonstrate=0, retry_repeats=1)  # fmt: skip
         run = TrainingRun(config, load_example("calculator").server, backend,
                           progress=False)  # fmt: skip
         await run.prepare(scenarios)
@@ -1156,10 +1148,8 @@ async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_
         s.split = "val" if s.id == "val" else "train"
     with LocalChatServer(_steps_right_on_odd_attempts) as server:
         backend = FakeBackend(tmp_path, server.base_url)
-        config = RunConfig(steps=1, groups_per_step=1, rollouts_per_group=4, oversample=1,
-                           eval_every=0, reward="reference", write_report=False,
-                           explore=0, demonstrate=demonstrate, subtasks=2)  # fmt: skip
-        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
+        config = scripted_config(steps=1, groups_per_step=1, rollouts_per_group=4, oversample=1,
+                                 explore=0, demonstrate=demonstrate, subtasks=2)  # fmt: skip
         said: list[str] = []
         run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
                           observers=[Console(said.append)])  # fmt: skip

@@ -21,8 +21,8 @@ import pytest
 from mcprl.cli import main
 from mcprl.mcp import OAuthClient, ServerSpec, TokenFile, open_session
 from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet
-from mcprl.train import RunConfig, TrainingRun
-from tests.fakes import FakeBackend
+from mcprl.train import TrainingRun
+from tests.fakes import FakeBackend, scripted_config
 from tests.helpers import LocalChatServer, free_port
 
 SERVER = Path(__file__).parent / "servers" / "oauth_guarded.py"
@@ -179,9 +179,7 @@ async def test_a_training_run_with_client_credentials_outlives_its_tokens(oauth_
     )  # fmt: skip
     with LocalChatServer(_adds) as policy:
         backend = FakeBackend(tmp_path / "runs", policy.base_url)
-        config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=2, oversample=1,
-                           eval_every=0, reward="reference", write_report=False)  # fmt: skip
-        config.rollout.examples = 0  # the scripted policy reads every turn: no worked example
+        config = scripted_config(steps=2, groups_per_step=1, rollouts_per_group=2, oversample=1)
         run = TrainingRun(config, spec, backend, say=lambda _: None, progress=False)
         await run.prepare(scenarios)
         await run._step(_summary(run))
