@@ -302,6 +302,30 @@ def test_micro_batches_respect_the_token_budget():
     assert all(b.input_ids.numel() <= 64 or b.input_ids.shape[0] == 1 for b in batches)
 
 
+def test_a_groups_own_head_counts_once_in_each_of_its_micro_batches():
+    """Rows behind a 40-token prompt and their group's own 70-token head (a worked example)
+    pack as the prompt alone does: what they share counts once, then each row's tail. Counting
+    only the tails put all four rows of a group in one micro-batch, whose activations grew
+    with them (a calculator step: 4.6 GB where 2.2 GB was the rule)."""
+    from mcprl.training._batch import HEAD_MINIMUM
+
+    prompt = list(range(1000, 1040))
+    groups = []
+    for g in range(2):
+        head = list(range(2000 + 100 * g, 2070 + 100 * g))  # past the prompt: the group's own
+        rows = [traj(float(i % 2), choice(prompt + head, [7 + i] * 10)) for i in range(4)]
+        groups.append(TrajectoryGroup(scenario_id=f"g{g}", trajectories=rows))
+    sequences, _ = build_sequences(groups)
+    assert len(head) >= HEAD_MINIMUM
+    batches = micro_batches(sequences, token_budget=145, pad_id=0, share_prefix=True)
+    # 40 + 69 shared, then 11-token tails (the head's last token, whose prediction is trained,
+    # and the 10 trained): three rows fit in 145, the fourth is packed apart
+    assert all(len(b.prefix) == 40 and len(b.head) == 69 for b in batches)
+    assert [tuple(b.input_ids.shape) for b in batches] == [(3, 11), (1, 11)] * 2
+    roomy = micro_batches(sequences, token_budget=200, pad_id=0, share_prefix=True)
+    assert [b.input_ids.shape[0] for b in roomy] == [4, 4]  # 109 + 4 x 11 fits 200
+
+
 # -- real steps with the tiny model ------------------------------------------------------------
 
 pytestmark_slow = pytest.mark.slow

@@ -223,7 +223,11 @@ def micro_batches(
     With `share_prefix`, the prefix all sequences share is counted once per micro-batch and
     only the tails are padded; a group whose rows share `HEAD_MINIMUM` tokens or more past it
     (a task opened by its own worked examples) is packed apart, after the others, with those
-    tokens as its micro-batches' `head`, run once for the group (`LoraTrainer.step`).
+    tokens as its micro-batches' `head`, run once for the group (`LoraTrainer.step`), and
+    counted once per micro-batch with the prefix. Counting only the tails let a calculator
+    group's eight rows share a micro-batch behind their ~1,000-token prompt: 800 tail tokens,
+    whose activations (about 2.2 MB a token, the context hardly adding to it) took a step from
+    2.2 to 4.6 GB once every task opened with a worked example (benchmarks/RESULTS.md).
     """
     prefix = shared_prefix_length(sequences) if share_prefix else 0
     packs: list[tuple[int, list[Sequence]]] = []  # (tokens run once, the rows)
@@ -240,8 +244,10 @@ def micro_batches(
             else:
                 mixed += rows
     out = [_collate(b, pad_id, prefix) for b in _packed(mixed, token_budget, prefix, prefix)]
-    for start, rows in packs:  # the head runs once for the group: only the tails count
-        out += [_collate(b, pad_id, prefix, start) for b in _packed(rows, token_budget, start)]
+    for start, rows in packs:  # the head runs once for the group, and counts once
+        out += [
+            _collate(b, pad_id, prefix, start) for b in _packed(rows, token_budget, start, start)
+        ]
     return out
 
 

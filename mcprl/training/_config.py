@@ -112,7 +112,8 @@ class TrainConfig(BaseModel):
     token_budget: int = Field(
         default=1024,
         ge=64,
-        description="padded tokens per micro-batch (a shared prefix counts once); activation "
+        description="padded tokens per micro-batch (a shared prefix, and a group's own head, "
+        "count once); activation "
         "memory grows with it: one calculator step of 49 sequences (5,005 trained tokens) "
         "peaked at 4.65 GB with 2048 and 2.70 GB with 1024 (benchmarks/step_memory.py); the "
         "gradient is the same",
