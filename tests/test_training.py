@@ -302,28 +302,33 @@ def test_micro_batches_respect_the_token_budget():
     assert all(b.input_ids.numel() <= 64 or b.input_ids.shape[0] == 1 for b in batches)
 
 
-def test_a_groups_own_head_counts_once_in_each_of_its_micro_batches():
-    """Rows behind a 40-token prompt and their group's own 70-token head (a worked example)
-    pack as the prompt alone does: what they share counts once, then each row's tail. Counting
-    only the tails put all four rows of a group in one micro-batch, whose activations grew
-    with them (a calculator step: 4.6 GB where 2.2 GB was the rule)."""
+def test_what_the_rows_share_counts_once_in_each_micro_batch_up_to_half_the_budget():
+    """Rows behind a 40-token prompt and their group's own 70-token head (a worked example):
+    the 109 tokens they share count once per micro-batch, but at most half the budget, so the
+    tails always get half of it. Counting none of the head put a group's rows all together,
+    whose activations grew with them (a calculator step: 3.4 GB); counting all of it left
+    one row per micro-batch behind a long prompt (slower, the same gradient)."""
     from mcprl.training._batch import HEAD_MINIMUM
 
     prompt = list(range(1000, 1040))
     groups = []
     for g in range(2):
         head = list(range(2000 + 100 * g, 2070 + 100 * g))  # past the prompt: the group's own
-        rows = [traj(float(i % 2), choice(prompt + head, [7 + i] * 10)) for i in range(4)]
+        rows = [traj(float(i % 2), choice(prompt + head, [7 + i] * 10)) for i in range(8)]
         groups.append(TrajectoryGroup(scenario_id=f"g{g}", trajectories=rows))
     sequences, _ = build_sequences(groups)
     assert len(head) >= HEAD_MINIMUM
-    batches = micro_batches(sequences, token_budget=145, pad_id=0, share_prefix=True)
-    # 40 + 69 shared, then 11-token tails (the head's last token, whose prediction is trained,
-    # and the 10 trained): three rows fit in 145, the fourth is packed apart
-    assert all(len(b.prefix) == 40 and len(b.head) == 69 for b in batches)
-    assert [tuple(b.input_ids.shape) for b in batches] == [(3, 11), (1, 11)] * 2
-    roomy = micro_batches(sequences, token_budget=200, pad_id=0, share_prefix=True)
-    assert [b.input_ids.shape[0] for b in roomy] == [4, 4]  # 109 + 4 x 11 fits 200
+
+    def rows(budget: int) -> list[tuple[int, int]]:
+        batches = micro_batches(sequences, token_budget=budget, pad_id=0, share_prefix=True)
+        # 40 + 69 shared; each tail 11 tokens (the head's last, whose prediction is trained)
+        assert all(len(b.prefix) == 40 and len(b.head) == 69 for b in batches)
+        return [tuple(b.input_ids.shape) for b in batches]
+
+    assert rows(120) == [(5, 11), (3, 11)] * 2  # 60 counted (half) + 5 x 11 fit 120
+    assert rows(300) == [(8, 11)] * 2  # 109 counted + 8 x 11 fit 300
+    assert rows(218) == [(8, 11)] * 2  # 109 (just half) + 88
+    assert rows(200) == [(8, 11)] * 2  # 100 counted (half) + 88
 
 
 # -- real steps with the tiny model ------------------------------------------------------------
@@ -485,12 +490,12 @@ def test_gradient_accumulation_equals_one_full_batch(base_path):
 
 
 def _prefix_groups(trainer: LoraTrainer) -> tuple[list[int], list[TrajectoryGroup]]:
-    """Two groups of two attempts behind one 80-token prompt (a shared prefix), on policy."""
+    """Two groups of two attempts behind one 80-token prompt (a shared prefix), on policy; each
+    attempt 20 or 21 tokens, so that at a budget of 64 each is a micro-batch of its own (the
+    prompt counts 32 of it: `micro_batches`)."""
     prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
-    groups = [
-        _on_policy_group(trainer, [*prompt, 21 + g], [[11, 12, 13], [14, 15, 16, 17]], [1, 0])
-        for g in range(2)
-    ]
+    tails = [list(range(11, 31)), list(range(31, 52))]
+    groups = [_on_policy_group(trainer, [*prompt, 21 + g], tails, [1, 0]) for g in range(2)]
     return prompt, groups
 
 

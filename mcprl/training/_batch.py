@@ -220,14 +220,16 @@ def micro_batches(
 ) -> list[MicroBatch]:
     """Pack sequences (longest first) so each micro-batch pads to at most `token_budget`.
 
-    With `share_prefix`, the prefix all sequences share is counted once per micro-batch and
-    only the tails are padded; a group whose rows share `HEAD_MINIMUM` tokens or more past it
-    (a task opened by its own worked examples) is packed apart, after the others, with those
-    tokens as its micro-batches' `head`, run once for the group (`LoraTrainer.step`), and
-    counted once per micro-batch with the prefix. Counting only the tails let a calculator
-    group's eight rows share a micro-batch behind their ~1,000-token prompt: 800 tail tokens,
-    whose activations (about 2.2 MB a token, the context hardly adding to it) took a step from
-    2.2 to 4.6 GB once every task opened with a worked example (benchmarks/RESULTS.md).
+    With `share_prefix`, the prefix all sequences share runs once and only the tails are
+    padded; a group whose rows share `HEAD_MINIMUM` tokens or more past it (a task opened by its
+    own worked examples) is packed apart, after the others, with those tokens as its
+    micro-batches' `head`, run once for the group (`LoraTrainer.step`). What the rows share
+    (prefix, or prefix and head) counts once per micro-batch, up to half the budget: the tails
+    hold the activations (about 2 MB a token on SmolLM2-135M, whatever the context), so a
+    micro-batch gets between half the budget and all of it for them. Counting the whole prefix
+    left a calculator step a row per micro-batch (its prompt: ~850 of the 1,024); counting none
+    of a head packed a group's eight tails behind their worked example, 3.4 GB at the peak
+    (benchmarks/RESULTS.md, "What a micro-batch counts").
     """
     prefix = shared_prefix_length(sequences) if share_prefix else 0
     packs: list[tuple[int, list[Sequence]]] = []  # (tokens run once, the rows)
@@ -243,10 +245,18 @@ def micro_batches(
                 packs.append((head, rows))
             else:
                 mixed += rows
-    out = [_collate(b, pad_id, prefix) for b in _packed(mixed, token_budget, prefix, prefix)]
-    for start, rows in packs:  # the head runs once for the group, and counts once
+    shared = token_budget // 2  # at most what the shared tokens count
+
+    def counted(start: int) -> int:
+        return min(start, shared)
+
+    out = [
+        _collate(b, pad_id, prefix) for b in _packed(mixed, token_budget, prefix, counted(prefix))
+    ]
+    for start, rows in packs:  # the head runs once for the group, and counts with the prefix
         out += [
-            _collate(b, pad_id, prefix, start) for b in _packed(rows, token_budget, start, start)
+            _collate(b, pad_id, prefix, start)
+            for b in _packed(rows, token_budget, start, counted(start))
         ]
     return out
 

@@ -112,10 +112,9 @@ class TrainConfig(BaseModel):
     token_budget: int = Field(
         default=1024,
         ge=64,
-        description="padded tokens per micro-batch (a shared prefix, and a group's own head, "
-        "count once); activation "
-        "memory grows with it: one calculator step of 49 sequences (5,005 trained tokens) "
-        "peaked at 4.65 GB with 2048 and 2.70 GB with 1024 (benchmarks/step_memory.py); the "
+        description="padded tokens per micro-batch; the tokens its rows share (the prompt "
+        "prefix, a group's own head) count once, up to half of it; activation memory grows "
+        "with it (about 2 MB a tail token on SmolLM2-135M: benchmarks/step_memory.py); the "
         "gradient is the same",
     )
     share_prefix: bool = Field(
