@@ -489,6 +489,22 @@ def test_gradient_accumulation_equals_one_full_batch(base_path):
     _assert_same_gradient(grads[0], grads[1])
 
 
+@pytest.mark.slow
+def test_a_step_on_cpu_hands_freed_memory_back_after_every_micro_batch(base_path, monkeypatch):
+    """glibc would keep what each micro-batch freed (a default run's process grew 1.5 GB within
+    one step while its memory in use stayed flat), so the trainer trims after each one."""
+    from mcprl.training import _trainer
+
+    trims: list[int] = []
+    trainer = LoraTrainer(base_path, device="cpu")
+    _, groups = _prefix_groups(trainer)
+    done: list[int] = []
+    monkeypatch.setattr(_trainer, "return_freed_memory", lambda: trims.append(len(done)))
+    trainer.step(groups, TrainConfig(token_budget=64), on_progress=lambda d, _: done.append(d))
+    assert len(done) == 4
+    assert trims == [0, 1, 2, 3, 4]  # before each micro-batch's progress is told, then at the end
+
+
 def _prefix_groups(trainer: LoraTrainer) -> tuple[list[int], list[TrajectoryGroup]]:
     """Two groups of two attempts behind one 80-token prompt (a shared prefix), on policy; each
     attempt 20 or 21 tokens, so that at a budget of 64 each is a micro-batch of its own (the
