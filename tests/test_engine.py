@@ -124,6 +124,34 @@ def test_rows_leave_when_done_and_the_batch_goes_on(engine):
     assert all(f.result()[0].finish_reason == "length" for f in futures)
 
 
+def test_rows_after_one_that_leaves_keep_their_own_keys_and_values_without_a_new_buffer():
+    from mcprl.serving._kv import GrowingCache
+
+    cache = GrowingCache(kv_dtype=torch.float32)
+    keys, values = torch.randn(5, 3, 7, 4), torch.randn(5, 3, 7, 4)
+    cache.update(keys, values, 0)
+    buffer = cache.layers[0]._k.data_ptr()
+    cache.batch_select_indices(torch.tensor([0, 2, 4]))
+    layer = cache.layers[0]
+    assert torch.equal(layer.keys, keys[[0, 2, 4]]) and torch.equal(layer.values, values[[0, 2, 4]])
+    assert layer._k.data_ptr() == buffer  # moved within its buffer, nothing allocated
+    more = torch.randn(3, 3, 1, 4)  # the next token's keys still land in the right rows
+    cache.update(more, more, 0)
+    assert torch.equal(layer.keys[:, :, -1:], more)
+    assert torch.equal(layer.keys[:, :, :7], keys[[0, 2, 4]])
+    cache.batch_select_indices(torch.tensor([2, 0]))  # another order: gathered anew
+    assert torch.equal(layer.keys[:, :, :7], keys[[4, 0]])
+
+
+def test_rows_after_a_finished_one_decode_what_they_decode_alone(engine):
+    prompt = _prompt(engine, "Say hello.")
+    params = [SamplingParams(max_tokens=m, seed=m, temperature=0.9) for m in (20, 4, 9, 30)]
+    alone = [engine.generate_blocking(prompt, p)[0].token_ids for p in params]
+    together = [f.result(timeout=120)[0].token_ids for f in
+                [engine.submit(prompt, p) for p in params]]  # fmt: skip
+    assert together == alone
+
+
 def test_a_long_prompt_waits_for_room_instead_of_padding_every_row_to_its_length(
     engine, monkeypatch
 ):

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import itertools
 import weakref
 
 import torch
@@ -196,9 +197,25 @@ class GrowingLayer(DynamicLayer):
         return self.length if self.is_initialized else 0
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.is_initialized and self._k is not None:
+        """Keep the rows at `indices`. Ascending indices (the engine's, as rows finish) move
+        in place within the buffers: only the rows after the first dropped one, and only
+        their written columns, are copied, and nothing new is kept. Gathering whole new
+        buffers each time a row finished was 10% of a decoding step in an agent step (2-core
+        CPU, 7-16 rows) and left their size in freed heap each time."""
+        if not self.is_initialized or self._k is None:
+            return
+        keep = indices.tolist()
+        if any(b <= a for a, b in itertools.pairwise(keep)):
             self._k, self._v = self._k[indices], self._v[indices]
-            self._views()
+        else:
+            first = next((j for j, i in enumerate(keep) if i != j), len(keep))
+            if first < len(keep):
+                moved = indices[first:]
+                for buffer in (self._k, self._v):
+                    written = buffer[:, :, : self.length]
+                    written[first : len(keep)] = written[moved]
+            self._k, self._v = self._k[: len(keep)], self._v[: len(keep)]
+        self._views()
 
     def trim_left(self, columns: int) -> None:
         """Drop the first `columns` positions (padding no row attends to any more)."""
