@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from mcprl._progress import progress_bar
-from mcprl.gather import gather_groups
+from mcprl.gather import AfterEach, gather_groups
 from mcprl.mcp import MCPSession, ServerSpec, open_session, tool_info, writing_tools
 from mcprl.policy import Policy, policy_client
 from mcprl.rewards import is_success, polarity
@@ -60,11 +60,21 @@ async def collect_groups(
     desc: str = "rollouts",
     progress: bool = True,
     starts: Sequence[Sequence[dict[str, Any]]] | None = None,
+    after_each: AfterEach | None = None,
+    reserve: Sequence[Scenario] = (),
+    replace: Callable[[TrajectoryGroup | None], bool] | None = None,
 ) -> list[TrajectoryGroup]:
     """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order.
     `starts[i]`: how scenario i's first attempts start, one each, as `RolloutConfig` settings
     (`{"first_tool": "add"}`: it must call `add` first; `{"guided_calls": 2}`: the reference's
-    first two calls are made for it); the other attempts start as `config` says."""
+    first two calls are made for it); the other attempts start as `config` says.
+
+    `after_each` scores each group as it finishes (see `gather_groups`). `reserve`: scenarios
+    that start one at a time, in order, each when `replace` says so of a finished group (given
+    what `after_each` returned: None when it dropped the group), beside the groups still
+    running. The k-th of them is the scenario at index `len(scenarios) + k` for its seeds and
+    `starts`, whichever group it replaces, so what each attempt draws does not depend on which
+    group finished first."""
     async with policy_client(model) as client, attempt_server(server, config) as server:
 
         def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
@@ -75,13 +85,27 @@ async def collect_groups(
             cfg = config.model_copy(update=update)
             return lambda: rollout(model, scenario, server, cfg, client=client)
 
+        def group(scenario: Scenario, i: int) -> TrajectoryGroup:
+            return TrajectoryGroup(
+                [attempt(scenario, i, a) for a in range(attempts)], scenario_id=scenario.id
+            )
+
+        waiting = list(reserve)
+
+        def more(result: TrajectoryGroup | None) -> TrajectoryGroup | None:
+            if not waiting or replace is None or not replace(result):
+                return None
+            index = len(scenarios) + len(reserve) - len(waiting)
+            return group(waiting.pop(0), index)
+
         return await gather_groups(
-            [[attempt(s, i, a) for a in range(attempts)] for i, s in enumerate(scenarios)],
+            [group(s, i) for i, s in enumerate(scenarios)],
             max_concurrency=max_concurrency,
             max_exceptions=max_exceptions,
+            after_each=after_each,
             desc=desc,
             progress=progress,
-            scenario_ids=[s.id for s in scenarios],
+            more=more,
         )
 
 

@@ -10,7 +10,9 @@ concurrency limit. An attempt that raises becomes an `AttemptError` in its group
 of the group carries on; `max_exceptions` (a count, or a fraction of all attempts) says how many
 failures abort the whole batch with `GatherError`. `after_each` receives each group as soon as
 its attempts are done: it can score it (RULER, references) and return it, or return None to drop
-it (the reason should be logged by the callback).
+it (the reason should be logged by the callback). `more` then receives what `after_each`
+returned and may return another group to run, beside the groups still running: a tied group's
+replacement starts as soon as it ties, instead of after the slowest group of the batch.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 Attempt = Callable[[], Awaitable[Trajectory]] | Awaitable[Trajectory]
 AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]]
+Group = Sequence[Attempt] | TrajectoryGroup
+More = Callable[[TrajectoryGroup | None], Group | None]
 
 
 def _limit(max_exceptions: int | float, total: int) -> int:
@@ -47,6 +51,7 @@ class _Progress:
 
     def __init__(self, total: int, desc: str, enabled: bool) -> None:
         self.bar = None
+        self.total = total
         if enabled:
             from mcprl._progress import progress_bar
 
@@ -60,6 +65,12 @@ class _Progress:
         self.done = self.errors = self.turns = self.tokens = 0
         self.rewards: list[float] = []
         self.started = time.perf_counter()
+
+    def grow(self, attempts: int) -> None:
+        self.total += attempts
+        if self.bar is not None:
+            self.bar.total = self.total
+            self.bar.refresh()
 
     def turn(self, tokens: int) -> None:
         self.turns += 1
@@ -110,7 +121,7 @@ def note_turn(tokens: int) -> None:
 
 
 async def gather_groups(
-    groups: Sequence[Sequence[Attempt] | TrajectoryGroup],
+    groups: Sequence[Group],
     *,
     max_concurrency: int = 8,
     max_exceptions: int | float = 0,
@@ -118,13 +129,17 @@ async def gather_groups(
     desc: str = "rollouts",
     progress: bool = True,
     scenario_ids: Sequence[str | None] | None = None,
+    more: More | None = None,
 ) -> list[TrajectoryGroup]:
     """Run every attempt of every group; return the groups (dropped ones left out), in order.
 
     A group may be a `TrajectoryGroup` holding awaitables (`TrajectoryGroup(items)`): its
-    attempts run and join it, and it is the group returned."""
+    attempts run and join it, and it is the group returned. `more(result)`, called with each
+    finished group's `after_each` result (None: dropped), may return a group to run next; it
+    joins the groups in the order `more` returned it. `max_exceptions` as a fraction counts the
+    attempts of the groups started so far."""
+    groups = list(groups)
     total = sum(len(_items(g)) for g in groups)
-    allowed = _limit(max_exceptions, total)
     limiter = anyio.CapacityLimiter(max(1, max_concurrency))
     results: list[TrajectoryGroup | None] = [None] * len(groups)
     errors: list[AttemptError] = []
@@ -142,9 +157,10 @@ async def gather_groups(
                 group.exceptions.append(error)
                 errors.append(error)
                 bar.update(errors=1)
+                allowed = _limit(max_exceptions, bar.total)
                 if len(errors) > allowed:
                     raise GatherError(
-                        f"{len(errors)} of {total} attempts failed (allowed: {allowed}); "
+                        f"{len(errors)} of {bar.total} attempts failed (allowed: {allowed}); "
                         f"first: {errors[0].type}: {errors[0].message}",
                         errors,
                     ) from exc
@@ -158,7 +174,7 @@ async def gather_groups(
             group = given
             given.pending.clear()  # each awaitable runs once
         else:
-            sid = scenario_ids[i] if scenario_ids is not None else None
+            sid = scenario_ids[i] if scenario_ids is not None and i < len(scenario_ids) else None
             group = TrajectoryGroup(scenario_id=sid)
         async with anyio.create_task_group() as tg:
             for item in items:
@@ -166,13 +182,19 @@ async def gather_groups(
         if group.scenario_id is None and group.trajectories:
             group.scenario_id = _scenario_id(group.trajectories[0])
         results[i] = await after_each(group) if after_each is not None else group
+        following = more(results[i]) if more is not None else None
+        if following is not None:
+            groups.append(following)
+            results.append(None)
+            bar.grow(len(_items(following)))
+            running.start_soon(run_group, len(groups) - 1)
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(bar.tick)  # the clock moves while nothing finishes
-            async with anyio.create_task_group() as attempts:
+            async with anyio.create_task_group() as running:
                 for i in range(len(groups)):
-                    attempts.start_soon(run_group, i)
+                    running.start_soon(run_group, i)
             tg.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
         raise first_error(eg) from None

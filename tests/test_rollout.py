@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from itertools import count
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -1051,3 +1052,67 @@ async def test_a_task_opens_with_its_own_worked_examples_where_each_task_has_som
         assert sent[1 : 1 + len(opens_with)] == opens_with
         assert sent[1 + len(opens_with)]["content"].startswith("Please complete this task:")
         assert t.metadata.get("worked_examples", 0) == examples
+
+
+async def test_a_replacement_group_starts_as_soon_as_a_group_ties_beside_slower_ones():
+    slow_may_finish = anyio.Event()
+
+    def attempt(sid: str, wait: anyio.Event | None = None, reward: float = 0.0):
+        async def run():
+            if wait is not None:
+                await wait.wait()
+            return Trajectory(reward=reward, metadata={"scenario_id": sid})
+
+        return run
+
+    async def stand_in():
+        slow_may_finish.set()  # the slow group ends only once its replacement has run
+        return Trajectory(reward=1.0, metadata={"scenario_id": "stand-in"})
+
+    offered: list[str | None] = []
+
+    def more(group):
+        offered.append(group.scenario_id if group is not None else None)
+        if group is not None and group.scenario_id == "tied":
+            return [stand_in, attempt("stand-in", reward=0.0)]
+        return None
+
+    slow = [attempt("slow", slow_may_finish, 1.0), attempt("slow", reward=0.0)]
+    tied = [attempt("tied"), attempt("tied")]
+    with anyio.fail_after(10):  # a replacement that waited for the slow group would hang
+        groups = await gather_groups([slow, tied], more=more, progress=False)
+    assert [g.scenario_id for g in groups] == ["slow", "tied", "stand-in"]
+    assert offered == ["tied", "stand-in", "slow"]
+
+
+async def test_reserve_scenarios_get_the_seeds_of_their_place_in_the_order(calculator):
+    """Which group ties first decides when a stand-in starts, never which seeds it gets."""
+    from mcprl.collect import collect_groups
+
+    class Answers(ScriptedPolicy):
+        async def create(self, **kwargs):
+            asked = next(m["content"] for m in kwargs["messages"] if m["role"] == "user")
+            task = next(t.task for t in tasks if t.task in asked)
+            self.requests.append((task, kwargs["seed"]))  # the first turn's seed is the attempt's
+            return reply(call("complete_task", {"answer": "1"}))
+
+    policy = Answers()
+
+    class Client:
+        async def __aenter__(self):
+            return policy
+
+        async def __aexit__(self, *exc):
+            return None
+
+    model = SimpleNamespace(served_name="scripted", openai_client=Client)
+    tasks = [Scenario(id=f"s{i}", task=f"Task number {i}.", difficulty=1) for i in range(4)]
+    groups = await collect_groups(
+        model, tasks[:2], calculator, RolloutConfig(max_turns=1), attempts=2, seed=5000,
+        max_concurrency=4, progress=False, reserve=tasks[2:],
+        replace=lambda group: group is not None and group.scenario_id == "s1",
+    )  # fmt: skip
+    assert [g.scenario_id for g in groups] == ["s0", "s1", "s2"]  # s2 stood in for s1; no s3
+    assert set(policy.requests) == {
+        (f"Task number {i}.", 5000 + (2 * i + a) * 1000) for i in range(3) for a in (0, 1)
+    }
