@@ -965,13 +965,18 @@ class TrainingRun:
         drawn = self.sampler.draw(budget, step=step)
         seed = config.seed + step * 1_000_000  # every attempt of the step has its own seed
         starts = [self._starts(s, seed + i) for i, s in enumerate(drawn)]
-        judged = 0.0
+        judging = {"groups": 0, "since": 0.0, "s": 0.0}  # the time any group is being judged
 
         async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
-            nonlocal judged
-            t = time.perf_counter()
-            scored = await score_groups([group], self.score, progress=False)
-            judged += time.perf_counter() - t
+            if not judging["groups"]:
+                judging["since"] = time.perf_counter()
+            judging["groups"] += 1
+            try:
+                scored = await score_groups([group], self.score, progress=False)
+            finally:
+                judging["groups"] -= 1
+                if not judging["groups"]:
+                    judging["s"] += time.perf_counter() - judging["since"]
             mark_success(scored, self.by_id)  # what `informative="success"` reads
             return scored[0] if scored else None
 
@@ -996,7 +1001,8 @@ class TrainingRun:
             reserve=drawn[wanted:],
             replace=replace,
         )
-        times = {"rollout": time.perf_counter() - t0 - judged, "judge": judged}
+        # wall time while some group was judged counts as judging, the rest as rollouts
+        times = {"rollout": time.perf_counter() - t0 - judging["s"], "judge": judging["s"]}
         started = min(wanted, len(drawn)) + replaced
         helped = Counter(_help_kind(st) for start in starts[:started] for st in start)
         self.sampler.observe(groups)  # in the order drawn, after the step's last group
