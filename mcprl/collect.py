@@ -61,15 +61,20 @@ async def collect_groups(
     progress: bool = True,
     starts: Sequence[Sequence[dict[str, Any]]] | None = None,
     after_each: AfterEach | None = None,
-    needed: Callable[[int], bool] | None = None,
+    reserve: Sequence[Scenario] = (),
+    replace: Callable[[TrajectoryGroup | None], bool] | None = None,
 ) -> list[TrajectoryGroup]:
     """`attempts` rollouts of each scenario by `model`, grouped by scenario, in order.
     `starts[i]`: how scenario i's first attempts start, one each, as `RolloutConfig` settings
     (`{"first_tool": "add"}`: it must call `add` first; `{"guided_calls": 2}`: the reference's
     first two calls are made for it); the other attempts start as `config` says.
 
-    `after_each` scores each group as it finishes; `needed(i)` can call off scenario i's attempts
-    that have not started (see `gather_groups`)."""
+    `after_each` scores each group as it finishes (see `gather_groups`). `reserve`: scenarios
+    that start one at a time, in order, each when `replace` says so of a finished group (given
+    what `after_each` returned: None when it dropped the group), beside the groups still
+    running. The k-th of them is the scenario at index `len(scenarios) + k` for its seeds and
+    `starts`, whichever group it replaces, so what each attempt draws does not depend on which
+    group finished first."""
     async with policy_client(model) as client, attempt_server(server, config) as server:
 
         def attempt(scenario: Scenario, i: int, a: int) -> Callable[[], Any]:
@@ -85,6 +90,14 @@ async def collect_groups(
                 [attempt(scenario, i, a) for a in range(attempts)], scenario_id=scenario.id
             )
 
+        waiting = list(reserve)
+
+        def more(result: TrajectoryGroup | None) -> TrajectoryGroup | None:
+            if not waiting or replace is None or not replace(result):
+                return None
+            index = len(scenarios) + len(reserve) - len(waiting)
+            return group(waiting.pop(0), index)
+
         return await gather_groups(
             [group(s, i) for i, s in enumerate(scenarios)],
             max_concurrency=max_concurrency,
@@ -92,7 +105,7 @@ async def collect_groups(
             after_each=after_each,
             desc=desc,
             progress=progress,
-            needed=needed,
+            more=more,
         )
 
 

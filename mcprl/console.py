@@ -55,7 +55,7 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
     dropped, explored = train("groups_dropped", 0), train("attempts_explored", 0)
     guided, hindsight = train("attempts_guided", 0), train("hindsight_added", 0)
     shown = train("attempts_demonstrated", 0)
-    released, unused = train("groups_released", 0), train("groups_unused", 0)
+    released = train("groups_released", 0)
     success = row.get("train/success")
     own = ""
     if "train/own_attempts" in row:  # the loop started some attempts: what the model did alone
@@ -67,7 +67,6 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
         + f", {_plural(train('groups_trained', 0), 'group')} trained of "
         + f"{train('groups_drawn', 0):.0f} drawn ({train('groups_tied', 0):.0f} tied"
         + (f", {dropped:.0f} lost to the judge" if dropped else "")
-        + (f", {unused:.0f} more rolled out, not needed" if unused else "")
         + (f"; {released:.0f} held from earlier steps" if released else "")
         + ")"
         + (f", {_plural(shown, 'attempt')} demonstrated" if shown else "")

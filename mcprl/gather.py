@@ -10,10 +10,9 @@ concurrency limit. An attempt that raises becomes an `AttemptError` in its group
 of the group carries on; `max_exceptions` (a count, or a fraction of all attempts) says how many
 failures abort the whole batch with `GatherError`. `after_each` receives each group as soon as
 its attempts are done: it can score it (RULER, references) and return it, or return None to drop
-it (the reason should be logged by the callback). `needed(i)`, asked as each attempt of group
-`i` gets its turn to run, can say that the group is no longer wanted: its attempts that have
-not started are skipped and the group is left out (groups drawn in reserve, started as slots
-free up, and not needed once enough groups before them turned out informative).
+it (the reason should be logged by the callback). `more` then receives what `after_each`
+returned and may return another group to run, beside the groups still running: a tied group's
+replacement starts as soon as it ties, instead of after the slowest group of the batch.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ logger = logging.getLogger(__name__)
 Attempt = Callable[[], Awaitable[Trajectory]] | Awaitable[Trajectory]
 AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]]
 Group = Sequence[Attempt] | TrajectoryGroup
+More = Callable[[TrajectoryGroup | None], Group | None]
 
 
 def _limit(max_exceptions: int | float, total: int) -> int:
@@ -66,9 +66,8 @@ class _Progress:
         self.rewards: list[float] = []
         self.started = time.perf_counter()
 
-    def skip(self) -> None:
-        """One attempt fewer to run."""
-        self.total -= 1
+    def grow(self, attempts: int) -> None:
+        self.total += attempts
         if self.bar is not None:
             self.bar.total = self.total
             self.bar.refresh()
@@ -130,15 +129,16 @@ async def gather_groups(
     desc: str = "rollouts",
     progress: bool = True,
     scenario_ids: Sequence[str | None] | None = None,
-    needed: Callable[[int], bool] | None = None,
+    more: More | None = None,
 ) -> list[TrajectoryGroup]:
     """Run every attempt of every group; return the groups (dropped ones left out), in order.
 
     A group may be a `TrajectoryGroup` holding awaitables (`TrajectoryGroup(items)`): its
-    attempts run and join it, and it is the group returned. Attempts take their slots in
-    order, group by group. `needed(i)` (see the module docstring) is asked as each attempt of
-    group `i` gets its slot; a group with a skipped attempt is left out, and `after_each` never
-    sees it. `max_exceptions` as a fraction counts the attempts that ran or will."""
+    attempts run and join it, and it is the group returned. `more(result)`, called with each
+    finished group's `after_each` result (None: dropped), may return a group to run next; it
+    joins the groups in the order `more` returned it. `max_exceptions` as a fraction counts the
+    attempts of the groups started so far."""
+    groups = list(groups)
     total = sum(len(_items(g)) for g in groups)
     limiter = anyio.CapacityLimiter(max(1, max_concurrency))
     results: list[TrajectoryGroup | None] = [None] * len(groups)
@@ -146,14 +146,8 @@ async def gather_groups(
     bar = _Progress(total, desc, progress)
     token = _progress.set(bar)  # the attempts' tasks inherit it: they report their turns
 
-    skipped: set[int] = set()
-
-    async def attempt(item: Attempt, group: TrajectoryGroup, i: int) -> None:
+    async def attempt(item: Attempt, group: TrajectoryGroup) -> None:
         async with limiter:
-            if i in skipped or (needed is not None and not needed(i)):
-                skipped.add(i)
-                bar.skip()
-                return
             try:
                 awaitable = item() if callable(item) and not inspect.isawaitable(item) else item
                 trajectory = await awaitable
@@ -180,23 +174,27 @@ async def gather_groups(
             group = given
             given.pending.clear()  # each awaitable runs once
         else:
-            sid = scenario_ids[i] if scenario_ids is not None else None
+            sid = scenario_ids[i] if scenario_ids is not None and i < len(scenario_ids) else None
             group = TrajectoryGroup(scenario_id=sid)
         async with anyio.create_task_group() as tg:
             for item in items:
-                tg.start_soon(attempt, item, group, i)
-        if i in skipped:
-            return
+                tg.start_soon(attempt, item, group)
         if group.scenario_id is None and group.trajectories:
             group.scenario_id = _scenario_id(group.trajectories[0])
         results[i] = await after_each(group) if after_each is not None else group
+        following = more(results[i]) if more is not None else None
+        if following is not None:
+            groups.append(following)
+            results.append(None)
+            bar.grow(len(_items(following)))
+            running.start_soon(run_group, len(groups) - 1)
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(bar.tick)  # the clock moves while nothing finishes
-            async with anyio.create_task_group() as attempts:
+            async with anyio.create_task_group() as running:
                 for i in range(len(groups)):
-                    attempts.start_soon(run_group, i)
+                    running.start_soon(run_group, i)
             tg.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
         raise first_error(eg) from None

@@ -25,13 +25,9 @@ then repeats, up to `steps`:
    checks references, a group with no success, or no failure, counts as tied): another
    scenario takes its place (dynamic sampling), until the step has `groups_per_step`
    informative groups or has drawn `oversample` times that many. The step draws them all at
-   once, in order, and rolls them out together, each attempt taking a free slot in that order
-   (`max_concurrency`), judging each group as it finishes; a draw after the `groups_per_step`-th
-   informative one is called off (its attempts not yet started are skipped, and one rolled out
-   whole is counted as `groups_unused`). The step trains what a batch, then a replacement for
-   each group that tied, would give from the same draws; started a batch at a time, after the
-   slowest group of the one before, replacements ran at 8-16 rows and took 41% of a default
-   run's rollout time;
+   once, in order, and judges each group as it finishes: the next draw starts as soon as a
+   group ties, beside the groups still running (started a batch at a time, after the slowest
+   group, replacements ran at 8-16 rows and took 41% of a default run's rollout time);
 3. training: one GRPO step on the LoRA, checkpointed and served as `name@step`;
 
 and evaluates the val split before the first step (the baseline), every `eval_every` steps and
@@ -962,17 +958,13 @@ class TrainingRun:
         budget = max(wanted, math.floor(wanted * config.oversample))
         self._dropped.clear()
         self.phase = "rollouts"
-        # the step's draws, in order. All are rolled out, their attempts taking the free slots
-        # in order, until `wanted` of them are known informative: a draw after those is not
-        # needed, and its attempts not yet started are called off. The step keeps the draws up
-        # to the `wanted`-th informative one: what drawing one batch, then a replacement for each
-        # group that tied, and so on, would keep from the same draws, without waiting for the
-        # slowest group of a batch before the next starts
+        # the step's draws in order: the first `wanted` start at once, the rest stand in, one
+        # for each group that ties or is dropped, as soon as it does (beside the groups still
+        # running): started = wanted + replaced, so the step ends with the groups a batch at a
+        # time would give from these draws, and seeds follow each draw's place in the order
         drawn = self.sampler.draw(budget, step=step)
-        place = {s.id: i for i, s in enumerate(drawn)}
         seed = config.seed + step * 1_000_000  # every attempt of the step has its own seed
         starts = [self._starts(s, seed + i) for i, s in enumerate(drawn)]
-        informative: set[int] = set()
         judging = {"groups": 0, "since": 0.0, "s": 0.0}  # the time any group is being judged
 
         async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
@@ -986,39 +978,39 @@ class TrainingRun:
                 if not judging["groups"]:
                     judging["s"] += time.perf_counter() - judging["since"]
             mark_success(scored, self.by_id)  # what `informative="success"` reads
-            if scored and is_informative(scored[0], self.informative):
-                informative.add(place[group.scenario_id or ""])
             return scored[0] if scored else None
 
-        def needed(i: int) -> bool:
-            return sum(j < i for j in informative) < wanted
+        replaced = 0
+
+        def replace(group: TrajectoryGroup | None) -> bool:
+            nonlocal replaced
+            if group is not None and is_informative(group, self.informative):
+                return False
+            replaced += 1
+            return True
 
         t0 = time.perf_counter()
-        finished = await self._collect(
-            drawn,
+        groups = await self._collect(
+            drawn[:wanted],
             config.rollouts_per_group,
             seed,
             f"step {step} rollouts",
             starts,
             self._training_rollout(),
             after_each=score,
-            needed=needed,
+            reserve=drawn[wanted:],
+            replace=replace,
         )
         # wall time while some group was judged counts as judging, the rest as rollouts
         times = {"rollout": time.perf_counter() - t0 - judging["s"], "judge": judging["s"]}
-        used = len(drawn)
-        if len(informative) >= wanted:
-            used = sorted(informative)[wanted - 1] + 1
-        groups = [g for g in finished if place[g.scenario_id or ""] < used]
-        unused = len(finished) - len(groups)
-        helped = Counter(_help_kind(st) for start in starts[:used] for st in start)
-        self.sampler.observe(groups)  # in the order drawn
+        started = min(wanted, len(drawn)) + replaced
+        helped = Counter(_help_kind(st) for start in starts[:started] for st in start)
+        self.sampler.observe(groups)  # in the order drawn, after the step's last group
         kept = [g for g in groups if is_informative(g, self.informative)]
         tied = [g for g in groups if not is_informative(g, self.informative)]
         counts = {
             "groups_dropped": float(len(self._dropped)),
-            "groups_drawn": float(used),
-            "groups_unused": float(unused),
+            "groups_drawn": float(started),
             "groups_tied": float(len(tied)),
             "groups_trained": float(len(kept)),
             "attempts_explored": float(helped["explored"]),

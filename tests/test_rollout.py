@@ -1054,42 +1054,39 @@ async def test_a_task_opens_with_its_own_worked_examples_where_each_task_has_som
         assert t.metadata.get("worked_examples", 0) == examples
 
 
-async def test_a_later_groups_attempts_take_slots_as_they_free_up_and_unneeded_ones_are_skipped():
-    reserve_ran = anyio.Event()
-    ran: list[str] = []
+async def test_a_replacement_group_starts_as_soon_as_a_group_ties_beside_slower_ones():
+    slow_may_finish = anyio.Event()
 
-    def attempt(sid: str, wait: anyio.Event | None = None, sets: anyio.Event | None = None):
+    def attempt(sid: str, wait: anyio.Event | None = None, reward: float = 0.0):
         async def run():
-            ran.append(sid)
-            if sets is not None:
-                sets.set()
             if wait is not None:
                 await wait.wait()
-            return Trajectory(reward=float(len(ran) % 2), metadata={"scenario_id": sid})
+            return Trajectory(reward=reward, metadata={"scenario_id": sid})
 
         return run
 
-    scored: list[str | None] = []
+    async def stand_in():
+        slow_may_finish.set()  # the slow group ends only once its replacement has run
+        return Trajectory(reward=1.0, metadata={"scenario_id": "stand-in"})
 
-    async def score(group):
-        scored.append(group.scenario_id)
-        return group
+    offered: list[str | None] = []
 
-    groups = [
-        [attempt("first", wait=reserve_ran), attempt("first")],  # group 0: one attempt slow
-        [attempt("reserve", sets=reserve_ran), attempt("reserve")],  # 1: in slot order
-        [attempt("unneeded"), attempt("unneeded")],  # 2: called off before it starts
-    ]
-    with anyio.fail_after(10):  # a group that waited for the slow one's end would hang
-        result = await gather_groups(
-            groups, max_concurrency=2, after_each=score, progress=False,
-            needed=lambda i: i < 2,
-        )  # fmt: skip
-    assert [g.scenario_id for g in result] == ["first", "reserve"]
-    assert sorted(scored) == ["first", "reserve"] and "unneeded" not in ran
+    def more(group):
+        offered.append(group.scenario_id if group is not None else None)
+        if group is not None and group.scenario_id == "tied":
+            return [stand_in, attempt("stand-in", reward=0.0)]
+        return None
+
+    slow = [attempt("slow", slow_may_finish, 1.0), attempt("slow", reward=0.0)]
+    tied = [attempt("tied"), attempt("tied")]
+    with anyio.fail_after(10):  # a replacement that waited for the slow group would hang
+        groups = await gather_groups([slow, tied], more=more, progress=False)
+    assert [g.scenario_id for g in groups] == ["slow", "tied", "stand-in"]
+    assert offered == ["tied", "stand-in", "slow"]
 
 
-async def test_each_scenario_gets_the_seeds_of_its_place_whichever_are_called_off(calculator):
+async def test_reserve_scenarios_get_the_seeds_of_their_place_in_the_order(calculator):
+    """Which group ties first decides when a stand-in starts, never which seeds it gets."""
     from mcprl.collect import collect_groups
 
     class Answers(ScriptedPolicy):
@@ -1111,10 +1108,11 @@ async def test_each_scenario_gets_the_seeds_of_its_place_whichever_are_called_of
     model = SimpleNamespace(served_name="scripted", openai_client=Client)
     tasks = [Scenario(id=f"s{i}", task=f"Task number {i}.", difficulty=1) for i in range(4)]
     groups = await collect_groups(
-        model, tasks, calculator, RolloutConfig(max_turns=1), attempts=2, seed=5000,
-        max_concurrency=4, progress=False, needed=lambda i: i != 2,
+        model, tasks[:2], calculator, RolloutConfig(max_turns=1), attempts=2, seed=5000,
+        max_concurrency=4, progress=False, reserve=tasks[2:],
+        replace=lambda group: group is not None and group.scenario_id == "s1",
     )  # fmt: skip
-    assert [g.scenario_id for g in groups] == ["s0", "s1", "s3"]
+    assert [g.scenario_id for g in groups] == ["s0", "s1", "s2"]  # s2 stood in for s1; no s3
     assert set(policy.requests) == {
-        (f"Task number {i}.", 5000 + (2 * i + a) * 1000) for i in (0, 1, 3) for a in (0, 1)
+        (f"Task number {i}.", 5000 + (2 * i + a) * 1000) for i in range(3) for a in (0, 1)
     }
