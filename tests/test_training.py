@@ -392,6 +392,23 @@ def test_one_step_raises_the_good_completion_and_lowers_the_bad(base_path, varia
 
 
 @pytest.mark.slow
+def test_a_trainer_reads_the_served_base_weights_only_where_they_match(base_path):
+    from mcprl.serving import load_model
+
+    served = load_model("smollm2-135m", dtype="float32", device="cpu").model
+    trainer = LoraTrainer(base_path, dtype="float32", device="cpu")
+    ids = torch.tensor([trainer.tokenizer.encode("Add 2 and 3.")])
+    with torch.no_grad():
+        before = trainer.token_logprobs(ids, torch.ones_like(ids))
+    weights = sum(p.numel() * 4 for p in served.parameters())
+    assert trainer.share_base_weights(served) == weights  # every base weight, held once
+    with torch.no_grad():
+        assert torch.equal(trainer.token_logprobs(ids, torch.ones_like(ids)), before)
+    other = LoraTrainer(base_path, dtype="bfloat16", device="cpu")
+    assert other.share_base_weights(served) == 0  # another dtype: its own copy stays
+
+
+@pytest.mark.slow
 def test_updates_per_step_takes_one_optimizer_step_per_share_of_the_groups(base_path):
     trainer = LoraTrainer(base_path)
     tok = trainer.tokenizer
@@ -865,6 +882,9 @@ async def test_local_backend_trains_checkpoints_serves_and_resumes(tmp_path):
         base = await client.chat.completions.create(model="smollm2-135m", **ask)
         assert at0.choices[0].model_extra["token_ids"] == base.choices[0].model_extra["token_ids"]
         trainer = backend._runs[("p", "agent")].trainer
+        served = {p.data_ptr() for p in backend._server.engine.model.parameters()}
+        frozen = [p for p in trainer.model.parameters() if not p.requires_grad]
+        assert frozen and all(p.data_ptr() in served for p in frozen)  # one copy of the base
         threads, train_step = [], trainer.step
         trainer.step = lambda *a: threads.append(threading.current_thread().name) or train_step(*a)
         result = await model.train(
@@ -875,6 +895,8 @@ async def test_local_backend_trains_checkpoints_serves_and_resumes(tmp_path):
         assert threads == ["mcprl-engine"]
         ids = [m.id for m in (await client.models.list()).data]
         assert "agent@1" in ids and "agent@0" not in ids
+        again = await client.chat.completions.create(model="smollm2-135m", **ask)
+        assert again.choices[0].model_extra["token_ids"] == base.choices[0].model_extra["token_ids"]
         with pytest.raises(openai.NotFoundError):
             await client.chat.completions.create(model="agent@0", **ask)
         run_dir = tmp_path / "runs" / "p" / "agent"

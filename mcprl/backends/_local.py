@@ -239,13 +239,20 @@ class LocalBackend(StoredRuns):
         return run
 
     def _lora_trainer(self, base_path: Path, lora: LoraConfig, adapter: Path | None) -> Trainer:
+        """The run's trainer; it reads the base weights of the model this backend serves in
+        this process, where they match, instead of holding a copy of its own."""
         from mcprl.training import LoraTrainer
 
         if adapter is None:
-            return LoraTrainer(base_path, lora, dtype=self.train_dtype, device=self.device)
-        return LoraTrainer(
-            base_path, adapter_path=adapter, dtype=self.train_dtype, device=self.device
-        )
+            trainer = LoraTrainer(base_path, lora, dtype=self.train_dtype, device=self.device)
+        else:
+            trainer = LoraTrainer(
+                base_path, adapter_path=adapter, dtype=self.train_dtype, device=self.device
+            )
+        served = getattr(getattr(self._server, "engine", None), "model", None)
+        if served is not None:
+            trainer.share_base_weights(served)
+        return trainer
 
     def _open_run(self, model: TrainableModel) -> _Run:
         """Check `model` against what is stored; a new run gets its trainer and checkpoint 0,

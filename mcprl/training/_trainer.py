@@ -92,6 +92,33 @@ class LoraTrainer:
         )
         return get_peft_model(base, config)
 
+    def share_base_weights(self, served: torch.nn.Module) -> int:
+        """Read the frozen base weights from `served`, a model of the same base that an engine
+        serves, in place of this trainer's own copy; returns the bytes no longer held twice.
+        Each weight is taken only where its name (the LoRA and adapter wrappers' names left
+        out), shape, dtype and device match. Neither side writes base weights: the trainer
+        updates the LoRA only, and the engine adds its adapters' products to the base layers'
+        outputs. On a CPU, SmolLM2-135M's bfloat16 weights are 0.27 GB of a default run's
+        ~4 GB."""
+
+        def key(name: str) -> str:
+            name = name.removeprefix("base_model.model.")
+            return name.replace(".base_layer.", ".").replace(".base.", ".")
+
+        theirs = {key(n): t for n, t in served.named_parameters()}
+        shared = 0
+        for name, mine in self.model.named_parameters():
+            other = theirs.get(key(name))
+            if mine.requires_grad or other is None or other is mine:
+                continue
+            if (other.shape, other.dtype, other.device) != (mine.shape, mine.dtype, mine.device):
+                continue
+            if other.data_ptr() == mine.data_ptr():
+                continue
+            mine.data = other.data
+            shared += mine.numel() * mine.element_size()
+        return shared
+
     def _hidden(
         self, ids: torch.Tensor, attention: torch.Tensor, checkpointed: bool = False
     ) -> torch.Tensor:
