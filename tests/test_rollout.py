@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from itertools import count
-from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -850,12 +849,15 @@ class _AskOnce(ScriptedPolicy):
 
 
 class _ScriptedModel:
-    """A model whose client is a policy double (for `collect_groups`)."""
+    """A model whose client is a policy double (for `collect_groups`); `_AskOnce` unless given."""
 
     served_name = "scripted"
 
+    def __init__(self, policy: ScriptedPolicy | None = None):
+        self.policy = policy
+
     def openai_client(self):
-        policy = _AskOnce()
+        policy = self.policy if self.policy is not None else _AskOnce()
 
         class _Client:
             async def __aenter__(self):
@@ -1097,15 +1099,7 @@ async def test_reserve_scenarios_get_the_seeds_of_their_place_in_the_order(calcu
             return reply(call("complete_task", {"answer": "1"}))
 
     policy = Answers()
-
-    class Client:
-        async def __aenter__(self):
-            return policy
-
-        async def __aexit__(self, *exc):
-            return None
-
-    model = SimpleNamespace(served_name="scripted", openai_client=Client)
+    model = _ScriptedModel(policy)
     tasks = [Scenario(id=f"s{i}", task=f"Task number {i}.", difficulty=1) for i in range(4)]
     groups = await collect_groups(
         model, tasks[:2], calculator, RolloutConfig(max_turns=1), attempts=2, seed=5000,
