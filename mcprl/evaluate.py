@@ -281,7 +281,7 @@ async def backend_models(
     `base` or the base model's name (the base model, no adapter), or else a LiteLLM model string
     (`openai/gpt-4.1-mini`, `hosted_vllm/x` with `api_base`, ...).
     """
-    from mcprl.model import LiteLLMModel, Model
+    from mcprl.model import LiteLLMModel
 
     models: list[Any] = []
     for spec in specs:
@@ -303,12 +303,10 @@ async def backend_models(
                 model, int(step) if step.isdigit() else steps[-1]
             )
             where = await backend.inference(model)
-            models.append(Model(name=served, base_url=where.base_url, api_key=where.api_key))
+            models.append(_endpoint_model(served, where))
         elif spec in ("base", base_model):
             where = await backend.base_inference(base_model)
-            models.append(
-                Model(name=where.base_name, base_url=where.base_url, api_key=where.api_key)
-            )
+            models.append(_endpoint_model(where.base_name, where))
         elif "/" in spec:
             models.append(LiteLLMModel(name=spec, api_base=api_base))
         else:
@@ -352,6 +350,16 @@ class EvalWriter:
         (self.dir / "results.json").write_text(
             json.dumps([r.model_dump() for r in rows], indent=2), encoding="utf-8"
         )
+
+
+def _endpoint_model(name: str, where: Any) -> Any:
+    """A model served by a backend (`Inference` `where`), as a plain endpoint."""
+    from mcprl.model import Model
+
+    return Model(
+        name=name, base_url=where.base_url, api_key=where.api_key,
+        extensions=tuple(where.extensions),
+    )  # fmt: skip
 
 
 def save_eval(

@@ -100,6 +100,11 @@ class TrainableModel(BaseModel):
         return self.get_inference_name()
 
     @property
+    def extensions(self) -> tuple[str, ...]:
+        """mcprl's request fields the endpoint reads (`Inference.extensions`)."""
+        return tuple(self.inference.extensions)
+
+    @property
     def shares_client(self) -> bool:
         """`openai_client()` without arguments is shared (ART's behaviour): it is the model's."""
         return True

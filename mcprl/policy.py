@@ -58,6 +58,9 @@ class Model(BaseModel):
     name: str = Field(description="the model name the endpoint expects")
     base_url: str
     api_key: str = "EMPTY"
+    extensions: tuple[str, ...] = Field(
+        default=(), description="mcprl's request fields the endpoint reads (`Inference`)"
+    )
 
     @property
     def served_name(self) -> str:

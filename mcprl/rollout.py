@@ -56,6 +56,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -449,7 +450,7 @@ async def rollout(
         done = False
         for turn in range(config.max_turns):
             t0 = time.perf_counter()
-            response = await _complete(client, served, traj, config, turn, _trainable(model))
+            response = await _complete(client, served, traj, config, turn, _endpoint(model))
             retry = 0
             while (
                 response is not None
@@ -459,7 +460,7 @@ async def rollout(
             ):
                 retry += 1
                 response = await _complete(
-                    client, served, traj, config, turn, _trainable(model), retry=retry
+                    client, served, traj, config, turn, _endpoint(model), retry=retry
                 )
             if retry:
                 metrics["repeats_retried"] += retry
@@ -631,7 +632,7 @@ async def _single_turn(model: Policy, scenario: Scenario, config: RolloutConfig,
     traj.messages = [{"role": "user", "content": scenario.task}]
     if config.system_prompt:
         traj.messages.insert(0, {"role": "system", "content": _system_prompt(config)})
-    response = await _complete(client, model.served_name, traj, config, 0, _trainable(model))
+    response = await _complete(client, model.served_name, traj, config, 0, _endpoint(model))
     if response is None:
         traj.metrics = {"turns": 0.0, "hit_context_limit": 1.0}
     else:
@@ -734,6 +735,19 @@ def _pinned_turn(config: RolloutConfig, turn: int) -> bool:
     return config.first_arguments is not None and turn <= len(config.next_calls)
 
 
+@dataclass(frozen=True)
+class _Endpoint:
+    """What a policy's endpoint is asked beyond OpenAI's fields."""
+
+    trainable: bool = False  # token ids and log-probabilities (`mcprl.tokens`)
+    final_tools: bool = False  # mcprl's `final_tools`: an answer's reply is not kept for more
+
+
+def _endpoint(model: Policy) -> _Endpoint:
+    extensions = getattr(model, "extensions", ())  # optional in `Policy`
+    return _Endpoint(trainable=_trainable(model), final_tools="final_tools" in extensions)
+
+
 def _trainable(model: Policy) -> bool:
     return bool(getattr(model, "wants_token_data", False))
 
@@ -744,11 +758,12 @@ async def _complete(
     traj: Trajectory,
     config: RolloutConfig,
     turn: int,
-    trainable: bool = False,
+    endpoint: _Endpoint = _Endpoint(),
     *,
     retry: int = 0,
 ):
-    """One completion; a trainable model's endpoint is asked for token ids and log-probs.
+    """One completion; a trainable model's endpoint is asked for token ids and log-probs, and
+    mcprl's server is told that a `complete_task` call ends the conversation.
     `retry`: the how-manieth request for this turn (each with its own seed)."""
     import openai
 
@@ -774,9 +789,11 @@ async def _complete(
     if config.seed is not None:
         # an attempt's seeds are SEED_STRIDE (1000) apart: turns and retries stay inside
         kwargs["seed"] = config.seed + turn + 100 * retry
-    if trainable:
+    if endpoint.trainable:
         kwargs["logprobs"] = TOKEN_REQUEST["logprobs"]
-    extra = {**(TOKEN_REQUEST["extra_body"] if trainable else {}), **config.extra_body}
+    extra = {**(TOKEN_REQUEST["extra_body"] if endpoint.trainable else {}), **config.extra_body}
+    if endpoint.final_tools and traj.tools:
+        extra.setdefault("final_tools", [COMPLETE_TASK])
     if config.min_p > 0.0:
         extra.setdefault("min_p", config.min_p)
     if extra:

@@ -255,6 +255,29 @@ async def test_sampling_settings_reach_the_endpoint_as_vllm_reads_them(calculato
     assert "top_p" not in plain and "min_p" not in plain  # off: nothing a hosted API may reject
 
 
+async def test_only_an_endpoint_that_reads_final_tools_is_told_complete_task_ends_it(calculator):
+    """mcprl's server keeps a reply's keys and values for the next turn unless the request
+    names the tools that end the conversation (`final_tools`); vLLM and hosted APIs, which
+    would warn or refuse, are not sent the field."""
+
+    def respond(body):
+        done = len(body["messages"]) > 2
+        payload = chat_completion(None)
+        payload["choices"][0]["message"]["tool_calls"] = [
+            call("complete_task", {"answer": 42}) if done else call("multiply", {"a": 6, "b": 7})
+        ]
+        return 200, payload
+
+    with LocalChatServer(respond) as server:
+        mcprl = Model(name="m", base_url=server.base_url, api_key="k", extensions=("final_tools",))
+        await rollout(mcprl, SCENARIO, calculator)
+        told = len(server.requests)
+        await rollout(Model(name="hosted", base_url=server.base_url, api_key="k"), SCENARIO,
+                      calculator)  # fmt: skip
+    assert told == 2 and all(r["final_tools"] == ["complete_task"] for r in server.requests[:2])
+    assert all("final_tools" not in r for r in server.requests[2:])
+
+
 async def test_a_server_dying_mid_attempt_fails_that_attempt_only(tmp_path):
     spec = fragile_server(tmp_path)
     good = ScriptedPolicy(

@@ -110,6 +110,27 @@ def test_a_named_tool_choice_calls_that_tool(client):
     assert r.choices[0].message.tool_calls[0].function.name == "convert_units"
 
 
+def test_a_reply_that_calls_only_a_final_tool_is_not_kept_for_a_next_turn(client, server):
+    """`final_tools` (mcprl's extension): an answer ends the conversation, so the server keeps
+    none of its keys and values for a next turn that never comes; a reply calling any other
+    tool is kept, and so is an answer from a client that does not send the field."""
+    kept = server.engine.conversations
+    tools = [*CALC_TOOLS, complete_task_tool("number")]
+
+    def new_entries(tool: str, **extra) -> list[tuple]:
+        before = set(kept.entries)
+        choice = {"type": "function", "function": {"name": tool}}
+        r = ask(client, "Multiply 3 by 4.", tools=tools, tool_choice=choice, seed=4,
+                max_tokens=48, extra_body=extra)  # fmt: skip
+        assert r.choices[0].message.tool_calls[0].function.name == tool
+        return [ids for ids in set(kept.entries) - before]
+
+    final = {"final_tools": ["complete_task"]}
+    assert new_entries("complete_task", **final) == []
+    assert len(new_entries("multiply", **final)) == 1
+    assert len(new_entries("complete_task")) == 1
+
+
 def test_a_yes_or_no_answer_is_one_of_the_two_and_nothing_else(client):
     """complete_task typed "yes/no" (`mcprl.rollout`): an enum, which the grammar holds every
     sample to, where a small model otherwise answers a yes/no question with a tool's name."""

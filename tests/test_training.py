@@ -876,6 +876,7 @@ async def test_local_backend_trains_checkpoints_serves_and_resumes(tmp_path):
     with LocalBackend(tmp_path / "runs") as backend:
         model = await TrainableModel(name="agent", project="p").register(backend)
         assert await model.get_step() == 0 and model.served_name == "agent@0"
+        assert "final_tools" in model.extensions  # mcprl's server: answers are not kept
         client = model.openai_client()
         ask = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "temperature": 0}
         at0 = await client.chat.completions.create(model="agent@0", **ask)

@@ -131,6 +131,7 @@ class LocalBackend(StoredRuns):
             base_url=self._server.base_url,
             api_key=self._server.api_key or "EMPTY",
             base_name=self._base,
+            extensions=list(getattr(self._server, "extensions", ())),
         )
 
     async def serve_checkpoint(self, model: TrainableModel, step: int) -> str:

@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from mcprl.errors import UsageError
 from mcprl.types import TrajectoryGroup, write_groups
@@ -72,6 +72,9 @@ class Inference(BaseModel):
     base_url: str
     api_key: str
     base_name: str
+    # mcprl's request extensions the endpoint reads (`final_tools`, `mcprl.serving`); the
+    # agent loop sends them only there (vLLM accepts unknown fields but warns at every request)
+    extensions: list[str] = Field(default_factory=list)
 
 
 def check_run_file(name: str, *, write: bool) -> str:

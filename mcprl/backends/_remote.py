@@ -83,11 +83,17 @@ class RemoteBackend:
         base_name = self._base_names.get((model.project, model.name))
         if base_name is None:
             raise RuntimeError(f"model {model.name!r} is not registered with this backend")
-        return Inference(base_url=f"{self.url}/v1", api_key=self.api_key, base_name=base_name)
+        return Inference(
+            base_url=f"{self.url}/v1", api_key=self.api_key, base_name=base_name,
+            extensions=list(_extensions()),
+        )  # fmt: skip
 
     async def base_inference(self, base_model: str) -> Inference:
         reply = await self._call("base", {"base_model": base_model})
-        return Inference(base_url=f"{self.url}/v1", api_key=self.api_key, base_name=reply["name"])
+        return Inference(
+            base_url=f"{self.url}/v1", api_key=self.api_key, base_name=reply["name"],
+            extensions=list(_extensions()),
+        )  # fmt: skip
 
     async def serve_checkpoint(self, model: TrainableModel, step: int) -> str:
         return (await self._call("serve", {"model": _model(model), "step": step}))["name"]
@@ -264,3 +270,10 @@ def _message(response: Any) -> str:
         return str(response.json()["error"]["message"])
     except Exception:
         return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+def _extensions() -> tuple[str, ...]:
+    """What `mcprl serve` reads beyond the OpenAI API (an older one ignores them)."""
+    from mcprl.serving import EXTENSIONS
+
+    return EXTENSIONS

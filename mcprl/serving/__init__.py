@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from mcprl.serving._api import EXTENSIONS
 from mcprl.serving._engine import Completion, Engine, SamplingParams
 from mcprl.serving._kv import CPU_ATTENTION
 from mcprl.serving._models import (
@@ -51,6 +52,7 @@ from mcprl.serving._threads import (
 __all__ = [
     "CPU_ATTENTION",
     "DEFAULT_MODEL",
+    "EXTENSIONS",
     "Completion",
     "Engine",
     "LoadedModel",
@@ -91,6 +93,8 @@ class LocalServer:
     `device`: `auto` (a GPU where present), `cpu` or `cuda[:N]`.
     `max_batch_size`, `max_batch_kv_bytes`: how much the engine decodes at once (`Engine`).
     """
+
+    extensions = EXTENSIONS  # the request fields of mcprl's own it reads (`Inference`)
 
     def __init__(
         self,

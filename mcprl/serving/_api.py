@@ -14,6 +14,10 @@ from mcprl.serving._engine import Completion
 __all__ = ["ChatRequest", "chat_response", "error_body"]
 
 
+# mcprl's request fields beyond OpenAI's and vLLM's that change what the server keeps
+EXTENSIONS = ("final_tools",)
+
+
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -111,6 +115,10 @@ class ChatRequest(_Open):
     stream: bool = False
     return_tokens_as_token_ids: bool = False
     ignore_eos: bool = False
+    # mcprl's extension: tools whose call ends the conversation (an agent loop's answer tool).
+    # A reply that calls only these is never continued, so the server keeps nothing of it for
+    # a next turn; a server without the field ignores it and only keeps more than it needs
+    final_tools: list[str] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ChatRequest:

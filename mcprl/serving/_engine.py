@@ -88,6 +88,9 @@ class _Request:
     future: concurrent.futures.Future
     results: list[Completion | None] = field(default_factory=list)
     enqueued: float = field(default_factory=time.perf_counter)
+    # whether a reply's text ends its conversation: then no next turn will continue it, and
+    # its keys and values are not kept (`Engine.submit`)
+    ends_conversation: Callable[[str], bool] | None = None
 
 
 @dataclass
@@ -206,12 +209,17 @@ class Engine:
         params: SamplingParams,
         adapter: str | None = None,
         grammar: Any = None,
+        ends_conversation: Callable[[str], bool] | None = None,
     ) -> concurrent.futures.Future:
+        """Queue a request. `ends_conversation(text)`: whether a reply with this text ends its
+        conversation (no next turn will continue it), so that its keys and values are not kept
+        for one (`ConversationCache`); without it, every reply is kept while there is room."""
         if self._closed:
             raise RuntimeError("the engine is closed")
         if adapter is not None and adapter not in self.adapters:
             raise KeyError(adapter)
         request = _Request(list(prompt_ids), params, adapter, grammar, concurrent.futures.Future())
+        request.ends_conversation = ends_conversation
         request.results = [None] * params.n
         self._queue.put(request)
         return request.future
@@ -741,6 +749,9 @@ class Engine:
         if self.conversations is None:
             return
         row = batch.rows[k]
+        ends = row.request.ends_conversation
+        if ends is not None and ends(self._text(row)):
+            return
         ids = (*row.request.prompt_ids, *row.tokens[:-1])  # what went through the model
         columns = batch.mask[k].nonzero()[:, 0]
         head = len(batch.prefix.ids) if batch.prefix is not None else 0
@@ -763,15 +774,20 @@ class Engine:
             self._stops = torch.tensor(sorted(self.stop_token_ids), device=device)
         return self._stops
 
-    def _complete(self, row: _Row) -> None:
-        request = row.request
+    def _text(self, row: _Row) -> str:
+        """A finished row's reply as text: without its stop token, cut at a stop string."""
         body = (
             row.tokens[:-1] if row.tokens and row.tokens[-1] in self.stop_token_ids else row.tokens
         )
         text = self.tokenizer.decode(body, skip_special_tokens=True)
-        for s in request.params.stop:
+        for s in row.request.params.stop:
             if s in text:
                 text = text[: text.index(s)]
+        return text
+
+    def _complete(self, row: _Row) -> None:
+        request = row.request
+        text = self._text(row)
         request.results[row.choice] = Completion(
             row.tokens, row.logprobs, row.model_logprobs, row.top, row.finish_reason, text
         )

@@ -45,7 +45,7 @@ from starlette.routing import Route
 
 from mcprl.errors import UsageError
 from mcprl.serving._api import ChatRequest, chat_response, error_body
-from mcprl.serving._chat import PromptTokens
+from mcprl.serving._chat import PromptTokens, parse_tool_calls
 from mcprl.serving._engine import Engine, SamplingParams
 from mcprl.serving._grammar import GrammarError
 
@@ -90,6 +90,18 @@ def _fail(status: int, message: str, param: str | None = None) -> _HTTPError:
 
 HTTPFailure = _HTTPError  # what a handler given to `build_app(routes=...)` raises
 fail = _fail
+
+
+def _ends_conversation(final_tools: Iterable[str]):
+    """Whether a reply's text ends its conversation: it calls tools, each of them final (a
+    request's `final_tools`). Such a reply is never continued by a next turn."""
+    final = frozenset(final_tools)
+
+    def ends(text: str) -> bool:
+        _, calls = parse_tool_calls(text)
+        return bool(calls) and all(c["function"]["name"] in final for c in calls)
+
+    return ends
 
 
 def clip(text: object, limit: int = _ECHO_CHARS) -> str:
@@ -228,9 +240,13 @@ def build_app(
             top_logprobs=req.top_logprobs or 0,
             ignore_eos=req.ignore_eos,
         )
-        completions = await engine.generate(prompt, params, adapter=adapter, grammar=grammar)
+        ends = _ends_conversation(req.final_tools) if req.final_tools else None
+        completions = await engine.generate(
+            prompt, params, adapter=adapter, grammar=grammar, ends_conversation=ends
+        )
         for c in completions:
-            prompts.remember(prompt, c.token_ids)
+            if ends is None or not ends(c.text):
+                prompts.remember(prompt, c.token_ids)
         return JSONResponse(chat_response(req, prompt, completions, engine.tokenizer))
 
     async def models(request: Request) -> JSONResponse:
