@@ -204,7 +204,9 @@ def agent_workload(dtype: str, device: str, attempts: int, scenarios: int, round
     kw = {"device": device} if "device" in LocalServer.__init__.__code__.co_varnames else {}
     with served("calculator") as url, LocalServer(MODEL, dtype=dtype, **kw) as server:
         key = getattr(server, "api_key", "local")
-        model = Model(name=MODEL, base_url=server.base_url, api_key=key)
+        # as the training loop's model: told that an answer ends the conversation
+        model = Model(name=MODEL, base_url=server.base_url, api_key=key,
+                      extensions=tuple(getattr(server, "extensions", ())))  # fmt: skip
 
         async def run(seed: int):
             return await collect_groups(
