@@ -110,25 +110,38 @@ def test_a_named_tool_choice_calls_that_tool(client):
     assert r.choices[0].message.tool_calls[0].function.name == "convert_units"
 
 
-def test_a_reply_that_calls_only_a_final_tool_is_not_kept_for_a_next_turn(client, server):
-    """`final_tools` (mcprl's extension): an answer ends the conversation, so the server keeps
-    none of its keys and values for a next turn that never comes; a reply calling any other
-    tool is kept, and so is an answer from a client that does not send the field."""
+def test_an_answer_ends_its_conversation_and_nothing_of_it_stays_kept(client, server):
+    """`final_tools` (mcprl's extension): a reply that calls only these tools ends the
+    conversation, so the server forgets its earlier turns' kept keys and values and keeps none
+    of its own; a reply calling any other tool is kept, and so is an answer from a client that
+    does not send the field."""
     kept = server.engine.conversations
     tools = [*CALC_TOOLS, complete_task_tool("number")]
+    final = {"final_tools": ["complete_task"]}
 
-    def new_entries(tool: str, **extra) -> list[tuple]:
+    def turn(messages: list[dict], tool: str, **extra):
         before = set(kept.entries)
         choice = {"type": "function", "function": {"name": tool}}
-        r = ask(client, "Multiply 3 by 4.", tools=tools, tool_choice=choice, seed=4,
-                max_tokens=48, extra_body=extra)  # fmt: skip
-        assert r.choices[0].message.tool_calls[0].function.name == tool
-        return [ids for ids in set(kept.entries) - before]
+        r = client.chat.completions.create(
+            model=MODEL, messages=messages, tools=tools, tool_choice=choice, seed=4,
+            max_tokens=48, extra_body=extra,
+        )  # fmt: skip
+        message = r.choices[0].message
+        assert message.tool_calls[0].function.name == tool
+        return message, before - set(kept.entries), set(kept.entries) - before
 
-    final = {"final_tools": ["complete_task"]}
-    assert new_entries("complete_task", **final) == []
-    assert len(new_entries("multiply", **final)) == 1
-    assert len(new_entries("complete_task")) == 1
+    task = [{"role": "user", "content": "Multiply 3 by 4."}]
+    call, gone, first = turn(task, "multiply", **final)
+    assert not gone and len(first) == 1
+    after = [
+        *task,
+        call.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": '{"result": 12}'},
+    ]
+    _, gone, added = turn(after, "complete_task", **final)
+    assert gone == first and not added
+    _, gone, added = turn(task, "complete_task")  # no final_tools: kept, as before
+    assert len(added) == 1
 
 
 def test_a_yes_or_no_answer_is_one_of_the_two_and_nothing_else(client):

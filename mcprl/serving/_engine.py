@@ -749,10 +749,11 @@ class Engine:
         if self.conversations is None:
             return
         row = batch.rows[k]
+        ids = (*row.request.prompt_ids, *row.tokens[:-1])  # what went through the model
         ends = row.request.ends_conversation
         if ends is not None and ends(self._text(row)):
+            self.conversations.end(batch.adapter, ids)  # its earlier turns are done with too
             return
-        ids = (*row.request.prompt_ids, *row.tokens[:-1])  # what went through the model
         columns = batch.mask[k].nonzero()[:, 0]
         head = len(batch.prefix.ids) if batch.prefix is not None else 0
         if head + len(columns) != len(ids):  # never expected; a miss costs only speed

@@ -199,8 +199,7 @@ class ConversationCache:
         return best
 
     def add(self, adapter: str | None, entry: Continuation) -> None:
-        for key in [k for k in self.entries if k[0] == adapter and entry.ids[: len(k[1])] == k[1]]:
-            self._remove(key)  # the conversation moved on (or the same reply again)
+        self.end(adapter, entry.ids)  # the conversation moved on (or the same reply again)
         if entry.head is not None:
             ptr, head_bytes = _storage(entry.head.kv)
             slot = self._heads.setdefault(ptr, [head_bytes, 0])
@@ -212,6 +211,12 @@ class ConversationCache:
         self.stats["kept"] += 1
         while self.bytes > self.max_bytes and self.entries:
             self._remove(next(iter(self.entries)))
+
+    def end(self, adapter: str | None, ids: Sequence[int]) -> None:
+        """Forget the kept replies `ids` continues: its conversation's earlier turns."""
+        ids = tuple(ids)
+        for key in [k for k in self.entries if k[0] == adapter and ids[: len(k[1])] == k[1]]:
+            self._remove(key)
 
     def drop(self, adapter: str | None) -> None:
         for key in [k for k in self.entries if k[0] == adapter]:
