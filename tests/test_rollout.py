@@ -237,16 +237,18 @@ async def test_an_endpoint_without_token_ids_gives_a_valid_untrainable_trajector
     assert t.metrics["trainable"] == 0 and reference_reward(t, SCENARIO) == 1.0
 
 
-async def test_sampling_settings_reach_the_endpoint_as_vllm_reads_them(calculator):
-    def respond(body):
-        done = len(body["messages"]) > 2
-        payload = chat_completion(None)
-        payload["choices"][0]["message"]["tool_calls"] = [
-            call("complete_task", {"answer": 42}) if done else call("multiply", {"a": 6, "b": 7})
-        ]
-        return 200, payload
+def _multiply_then_answer(body):
+    """A hosted endpoint's reply: `multiply(6, 7)` first, then the answer 42."""
+    done = len(body["messages"]) > 2
+    payload = chat_completion(None)
+    payload["choices"][0]["message"]["tool_calls"] = [
+        call("complete_task", {"answer": 42}) if done else call("multiply", {"a": 6, "b": 7})
+    ]
+    return 200, payload
 
-    with LocalChatServer(respond) as server:
+
+async def test_sampling_settings_reach_the_endpoint_as_vllm_reads_them(calculator):
+    with LocalChatServer(_multiply_then_answer) as server:
         hosted = Model(name="hosted", base_url=server.base_url, api_key="k")
         await rollout(hosted, SCENARIO, calculator, RolloutConfig(top_p=0.9, min_p=0.1))
         await rollout(hosted, SCENARIO, calculator, RolloutConfig())
@@ -260,15 +262,7 @@ async def test_only_an_endpoint_that_reads_final_tools_is_told_complete_task_end
     names the tools that end the conversation (`final_tools`); vLLM and hosted APIs, which
     would warn or refuse, are not sent the field."""
 
-    def respond(body):
-        done = len(body["messages"]) > 2
-        payload = chat_completion(None)
-        payload["choices"][0]["message"]["tool_calls"] = [
-            call("complete_task", {"answer": 42}) if done else call("multiply", {"a": 6, "b": 7})
-        ]
-        return 200, payload
-
-    with LocalChatServer(respond) as server:
+    with LocalChatServer(_multiply_then_answer) as server:
         mcprl = Model(name="m", base_url=server.base_url, api_key="k", extensions=("final_tools",))
         await rollout(mcprl, SCENARIO, calculator)
         told = len(server.requests)
