@@ -448,9 +448,10 @@ async def rollout(
             config = config.model_copy(update={"max_turns": max(1, config.max_turns - guided)})
         traj.timings["setup_s"] = time.perf_counter() - started
         done = False
+        endpoint = _endpoint(model)
         for turn in range(config.max_turns):
             t0 = time.perf_counter()
-            response = await _complete(client, served, traj, config, turn, _endpoint(model))
+            response = await _complete(client, served, traj, config, turn, endpoint)
             retry = 0
             while (
                 response is not None
@@ -460,7 +461,7 @@ async def rollout(
             ):
                 retry += 1
                 response = await _complete(
-                    client, served, traj, config, turn, _endpoint(model), retry=retry
+                    client, served, traj, config, turn, endpoint, retry=retry
                 )
             if retry:
                 metrics["repeats_retried"] += retry
