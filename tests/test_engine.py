@@ -504,3 +504,32 @@ def test_caches_of_an_adapter_a_step_replaces_are_released(engine):
         assert engine.prefix_cache.dropped == ["agent@3"] == engine.conversations.dropped
     finally:
         engine.prefix_cache, engine.conversations = prefix, conversations
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_layers_give_the_same_bits_and_leave_gradients_to_plain_linear(dtype):
+    from mcprl.serving._packed import pack_linear, packable
+
+    if not packable(torch.device("cpu"), dtype):
+        pytest.skip(f"this torch cannot pack {dtype} weights for oneDNN")
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 96).to(dtype)
+    layer.requires_grad_(False)
+    rows = torch.randn(3, 5, 64, dtype=dtype)
+    plain = layer(rows)
+    assert pack_linear(layer) == 96 * 64 * rows.element_size()
+    assert pack_linear(layer) == 0  # once
+    with torch.inference_mode():
+        assert torch.equal(layer(rows), plain)  # the packed kernel, same numbers
+    assert torch.equal(layer(rows), plain)
+    # a caller that wants the input's gradient (a trainer) gets plain `linear`'s graph
+    wanted, expected = rows.clone().requires_grad_(), rows.clone().requires_grad_()
+    layer(wanted).sum().backward()
+    torch.nn.functional.linear(expected, layer.weight, layer.bias).sum().backward()
+    assert torch.equal(wanted.grad, expected.grad)
+
+
+def test_the_engine_packs_its_output_layer_once_on_cpu(engine):
+    packed = [m for m in engine.model.modules() if hasattr(m, "_packed")]
+    assert packed == [engine.model.get_output_embeddings()]
+    assert engine.packed_bytes == 49152 * 576 * 4  # float32 here

@@ -38,6 +38,7 @@ from mcprl.serving._grammar import CanonicalTokens, GrammarFactory, apply_bitmas
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
 from mcprl.serving._models import LoadedModel
+from mcprl.serving._packed import pack_output_layer
 from mcprl.serving._prefix import (
     Continuation,
     ConversationCache,
@@ -134,6 +135,7 @@ class Engine:
         conversation_cache: bool = True,
         canonical: bool = False,
         max_batch_kv_bytes: int | str | None = "auto",
+        packed_weights: bool = True,
     ):
         bound_allocator()  # freed caches go back to the OS within a phase too (`_memory`)
         self.loaded = loaded
@@ -200,6 +202,13 @@ class Engine:
         self._trimmed = time.monotonic()
         self._worker = threading.Thread(target=self._run, name="mcprl-engine", daemon=True)
         self._worker.start()
+        # on CPU, the output layer's weight reordered once for oneDNN, not at every call
+        # (mcprl.serving._packed): the same results, faster prefills and steps, one more copy. On
+        # the engine's thread: reordering on this one gave it an OpenMP team of its own, and the
+        # engine's steps ran 1.7x slower from then on (`run_exclusive`).
+        self.packed_bytes = (
+            self.run_exclusive(lambda: pack_output_layer(self.model)) if packed_weights else 0
+        )
 
     # -- public ------------------------------------------------------------------------------
 
