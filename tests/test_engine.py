@@ -522,6 +522,9 @@ def test_packed_linear_layers_give_the_same_bits_and_leave_gradients_to_plain_li
     with torch.inference_mode():
         assert torch.equal(layer(rows), plain)  # the packed kernel, same numbers
     assert torch.equal(layer(rows), plain)
+    last = rows[:, -1:]  # a strided slice, as a prefill's `logits_to_keep=1` passes it
+    with torch.inference_mode():
+        assert torch.equal(layer(last), plain[:, -1:])
     # a caller that wants the input's gradient (a trainer) gets plain `linear`'s graph
     wanted, expected = rows.clone().requires_grad_(), rows.clone().requires_grad_()
     layer(wanted).sum().backward()

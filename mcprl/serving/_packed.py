@@ -8,6 +8,11 @@ work, and most of all for the output layer, the model's largest matrix: SmolLM2-
 compiler uses for frozen CPU models). The results are the same bits: the same kernel runs on the
 same numbers, only the reorder is done once.
 
+It matters most in a prefill. The model's forward passes the output layer only each row's last
+position (`logits_to_keep=1`), a strided slice of the hidden states, and for such an input the
+plain bfloat16 call took 2,016 ms for 16 rows of 150 positions (one thread), against 11.7 ms for
+the same rows made contiguous; the packed call takes 8.5 ms on the slice.
+
 Only the output layer is packed: a copy of every projection (0.21 GB more for SmolLM2-135M) made
 the engine's agent-shaped requests about 5% faster again, against 0.06 GB for the output layer
 (RESULTS.md, "The output layer's weight packed once"). The plain weight stays: the embedding
