@@ -13,8 +13,8 @@ position (`logits_to_keep=1`), a strided slice of the hidden states, and for suc
 plain bfloat16 call took 2,016 ms for 16 rows of 150 positions (one thread), against 11.7 ms for
 the same rows made contiguous; the packed call takes 8.5 ms on the slice.
 
-Only the output layer is packed: a copy of every projection (0.21 GB more for SmolLM2-135M) made
-the engine's agent-shaped requests about 5% faster again, against 0.06 GB for the output layer
+Only the output layer is packed: a copy of every projection too (0.21 GB more for SmolLM2-135M)
+made agent-shaped requests 1.14x faster again, against 57 MB for the output layer's 1.28x
 (RESULTS.md, "The output layer's weight packed once"). The plain weight stays: the embedding
 shares it, and the trainer reads the served model's weights (`LoraTrainer.share_base_weights`).
 Where autograd would need a gradient through the layer, the plain `linear` runs.
