@@ -72,6 +72,40 @@ def _heap_gb() -> dict[str, float]:
     }
 
 
+def _held_gb(engine) -> dict[str, float]:
+    """What the engine holds, by part: its running batch's key and value buffers as allocated
+    (headroom included), the cached prompt heads (`PrefixCache`), then the kept replies
+    (`ConversationCache`) without the heads counted before. Each storage counts once."""
+    seen: dict[int, int] = {}
+
+    def count(tensors) -> float:
+        total = 0
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen[storage.data_ptr()] = storage.nbytes()
+                total += storage.nbytes()
+        return total / 1e9
+
+    held = {}
+    try:
+        batch = engine._batch
+        buffers = [b for layer in batch.cache.layers for b in (layer._k, layer._v)]
+        held["kv_buffers_gb"] = count(b for b in buffers if b is not None)
+    except AttributeError:
+        pass
+    if engine.prefix_cache is not None:  # first: kept replies share these heads
+        held["prefix_gb"] = count(
+            t for kv in list(engine.prefix_cache.entries.values()) for p in kv for t in p
+        )
+    if engine.conversations is not None:
+        entries = list(engine.conversations.entries.values())
+        held["kept_gb"] = count(
+            t for e in entries for kv in (e.own, e.head.kv if e.head else []) for p in kv for t in p
+        )
+    return held
+
+
 def child(budget_mb: int, log: str, argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
     from mcprl.cli import main
@@ -93,6 +127,7 @@ def child(budget_mb: int, log: str, argv: list[str]) -> int:
                 time.sleep(0.5)
                 row = {"rss_gb": _rss_gb(), **_heap_gb()}
                 for engine in engines:
+                    row.update(_held_gb(engine))
                     batch = engine._batch
                     try:
                         mask = batch.mask
@@ -135,6 +170,10 @@ def run(budget_mb: int, argv: list[str]) -> dict:
         "at_peak": {k: round(v, 2) for k, v in top.items()},
         "wall_s": round(wall, 1),
         "batch_peak_kv_gb": round(max((s["kv_gb"] for s in busy), default=0.0), 2),
+        "peak_gb": {
+            part: round(max((s.get(part, 0.0) for s in samples), default=0.0), 2)
+            for part in ("kv_buffers_gb", "prefix_gb", "kept_gb")
+        },
         "batch_mean_rows": round(sum(s["rows"] for s in busy) / max(len(busy), 1), 1),
         "batch_mean_not_padding": round(sum(s["used"] for s in busy) / max(len(busy), 1), 3),
         # no batch in the engine: loading, training steps, writing checkpoints
