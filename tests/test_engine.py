@@ -143,6 +143,42 @@ def test_rows_after_one_that_leaves_keep_their_own_keys_and_values_without_a_new
     assert torch.equal(layer.keys[:, :, :7], keys[[4, 0]])
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own keys", "shared prefix"])
+def test_one_query_attention_over_a_bfloat16_cache_gives_float32_attention_rounded(shared):
+    """Over a bfloat16 cache, one query token's attention runs in torch's fused kernel, reading
+    the cache's strided views in place and merging a shared prefix by log-sum-exp: the float32
+    path's result over the same keys, to bfloat16 rounding, and masked-out padding counts for
+    nothing."""
+    from mcprl.serving._kv import GrowingCache, cpu_attention
+
+    torch.manual_seed(0)
+    rows, kv_heads, groups, dim, length = 4, 3, 3, 16, 9
+    cache = GrowingCache(kv_dtype=torch.bfloat16)
+    cache.update(
+        torch.randn(rows, kv_heads, length, dim), torch.randn(rows, kv_heads, length, dim), 0
+    )
+    layer = cache.layers[0]
+    assert layer.keys.dtype == torch.bfloat16 and not layer.keys.is_contiguous()  # headroom
+    mask = torch.ones(rows, 1, 1, length, dtype=torch.bool)
+    mask[1, ..., :3] = False  # row 1 is left-padded
+    query = torch.randn(rows, kv_heads * groups, 1, dim).bfloat16()
+    head = [tuple(torch.randn(1, kv_heads, 5, dim).bfloat16() for _ in range(2))]
+    module = SimpleNamespace(layer_idx=0)
+
+    def attend(keys, values, prefix):
+        kw = {"shared_prefix": prefix} if shared else {}
+        return cpu_attention(module, query, keys, values, mask, scaling=0.25, **kw)[0]
+
+    got = attend(layer.keys, layer.values, head)
+    wide = [(k.float(), v.float()) for k, v in head]
+    want = attend(layer.keys.float(), layer.values.float(), wide)  # the float32 path
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 1, kv_heads * groups, dim)
+    torch.testing.assert_close(got.float(), want.float(), atol=1.6e-2, rtol=1.6e-2)
+    layer.keys[1, :, :3] = 50.0  # what the padding holds does not matter
+    layer.values[1, :, :3] = -50.0
+    assert torch.equal(attend(layer.keys, layer.values, head), got)
+
+
 def test_rows_after_a_finished_one_decode_what_they_decode_alone(engine):
     prompt = _prompt(engine, "Say hello.")
     params = [SamplingParams(max_tokens=m, seed=m, temperature=0.9) for m in (20, 4, 9, 30)]

@@ -242,9 +242,9 @@ def test_a_conversations_next_turn_starts_from_its_kept_reply(fp32_model):
 
 
 def test_kept_replies_of_a_bfloat16_model_take_half_the_memory_and_decode_the_same():
-    """Kept replies are stored in the model's dtype, not the CPU cache's float32: the keys and
-    values were computed in bfloat16, so the next turns decode bit for bit as they did when the
-    replies were kept widened, from half the memory."""
+    """Kept replies are stored in the model's dtype, also beside a float32 cache
+    (`kv_dtype=torch.float32`): the keys and values were computed in bfloat16, so the next turns
+    decode bit for bit as they did when the replies were kept widened, from half the memory."""
     from mcprl.serving import Engine, load_model
     from mcprl.serving._engine import SamplingParams
 
@@ -253,7 +253,7 @@ def test_kept_replies_of_a_bfloat16_model_take_half_the_memory_and_decode_the_sa
     head = tok.encode("System: you are a careful assistant who answers briefly. " * 10)
 
     def run(kept_dtype):
-        engine = Engine(loaded)
+        engine = Engine(loaded, kv_dtype=torch.float32)
         engine.kept_dtype = kept_dtype
         prompts = [head + tok.encode(f"User: the number {n}; say one true thing.") for n in (7, 31)]
         turns, sizes = [], []
@@ -279,6 +279,26 @@ def test_kept_replies_of_a_bfloat16_model_take_half_the_memory_and_decode_the_sa
         for a, b in zip(a_turn, b_turn, strict=True):
             assert a.token_ids == b.token_ids and a.model_logprobs == b.model_logprobs
     assert narrow_sizes == [n // 2 for n in wide_sizes] and narrow_sizes[0] > 0
+
+
+def test_a_bfloat16_models_cache_is_bfloat16_and_counts_half_the_bytes_a_position():
+    """By default the engine keeps keys and values in the model's dtype, on CPU too: half the
+    bytes a cached position of a float32 cache, which the batch's memory bound counts."""
+    from mcprl.serving import Engine, load_model
+    from mcprl.serving._engine import SamplingParams
+
+    loaded = load_model("smollm2-135m", dtype="bfloat16")
+    narrow, wide = Engine(loaded), Engine(loaded, kv_dtype=torch.float32)
+    try:
+        assert narrow.kv_bytes_per_token * 2 == wide.kv_bytes_per_token
+        prompt = loaded.tokenizer.encode("User: name a colour.\nAssistant:")
+        reply = narrow.submit(prompt, SamplingParams(temperature=0.0, max_tokens=4))
+        assert len(reply.result(timeout=120)[0].token_ids) == 4
+        (kept,) = narrow.conversations.entries.values()
+        assert kept.own[0][0].dtype == torch.bfloat16
+    finally:
+        narrow.close()
+        wide.close()
 
 
 def test_kept_replies_stay_within_their_memory_budget():

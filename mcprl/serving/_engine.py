@@ -136,6 +136,7 @@ class Engine:
         canonical: bool = False,
         max_batch_kv_bytes: int | str | None = "auto",
         packed_weights: bool = True,
+        kv_dtype: torch.dtype | None = None,
     ):
         bound_allocator()  # freed caches go back to the OS within a phase too (`_memory`)
         self.loaded = loaded
@@ -163,8 +164,9 @@ class Engine:
         self._idle = threading.Condition(self._model_lock)  # notified after every step
         self._stops: torch.Tensor | None = None
         self.device = next(self.model.parameters()).device
-        # the KV cache's dtype: on CPU float32, which its matrix products read in place (_kv)
-        self.kv_dtype = torch.float32 if self.device.type == "cpu" else None
+        # the KV cache's dtype (None: the model's). A bfloat16 cache takes half the memory of a
+        # float32 one and its one-query attention runs in torch's fused kernel (`_kv`)
+        self.kv_dtype = kv_dtype
         # kept replies (`ConversationCache`) are stored in the model's own dtype: the keys and
         # values were computed in it, so narrowing them back is exact, and bfloat16 halves them
         self.kept_dtype = next(self.model.parameters()).dtype

@@ -35,6 +35,9 @@ __all__ = ["CPU_ATTENTION", "GrowingCache", "cpu_attention"]
 
 CPU_ATTENTION = "mcprl_cpu"
 HEADROOM = 128  # positions reserved beyond the current length when a layer's buffer grows
+# torch's fused CPU attention kernel, which also returns each query's log-sum-exp
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_DTYPES = (torch.bfloat16, torch.float16)  # caches whose one-query attention it runs
 
 
 def cpu_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
@@ -53,6 +56,9 @@ def cpu_attention(module, query, key, value, attention_mask, scaling=None, dropo
     groups = heads // kv_heads
     q = query.reshape(batch, kv_heads, groups, dim).to(key.dtype)
     scale = scaling if scaling is not None else dim**-0.5
+    if key.dtype in _FLASH_DTYPES:
+        out = _flash_one_query(q, key, value, attention_mask, prefix, scale)
+        return out.to(query.dtype).reshape(batch, heads, 1, dim).transpose(1, 2), None
     scores = torch.matmul(q, key.transpose(-1, -2)).float()
     scores *= scale
     if attention_mask is not None:
@@ -76,6 +82,36 @@ def cpu_attention(module, query, key, value, attention_mask, scaling=None, dropo
     weights = probs[..., :length].transpose(0, 1).reshape(kv_heads, batch * groups, length)
     out += torch.bmm(weights, prefix_values).reshape(kv_heads, batch, groups, dim).transpose(0, 1)
     return out.to(query.dtype).reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+def _flash_one_query(q, key, value, attention_mask, prefix, scale):
+    """One query token's attention over a cache in a 16-bit dtype: `q` [B, Hkv, G, D], each
+    key-value head's G query heads as G queries of torch's fused CPU kernel, which reads the
+    cache's strided views in place (a 16-bit matrix product copies them whole) and computes in
+    float32 within. With a shared prefix, the kernel runs twice, over the rows' own keys and
+    over the prefix with every row's queries stacked, and the two are merged by their
+    log-sum-exps. Returns [B, Hkv, G, D] in float32 where merged, else the cache's dtype."""
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask[:, :, -1:, :]  # [B, 1, 1, T]
+        if mask.dtype == torch.bool:  # the kernel takes an additive mask in its own dtype
+            mask = torch.zeros(mask.shape, dtype=key.dtype, device=mask.device).masked_fill_(
+                ~mask, float("-inf")
+            )
+        else:
+            mask = mask.to(key.dtype)
+    out, lse = _FLASH(q, key, value, attn_mask=mask, scale=scale)  # [B, Hkv, G, D], [B, Hkv, G]
+    if prefix is None:
+        return out
+    batch, kv_heads, groups, dim = q.shape
+    stacked = q.transpose(0, 1).reshape(1, kv_heads, batch * groups, dim)
+    head, head_lse = _FLASH(stacked, prefix[0], prefix[1], scale=scale)
+    head = head.reshape(kv_heads, batch, groups, dim).transpose(0, 1)
+    head_lse = head_lse.reshape(kv_heads, batch, groups).transpose(0, 1)
+    total = torch.logaddexp(lse, head_lse)
+    own_weight = (lse - total).exp_().unsqueeze(-1)
+    head_weight = (head_lse - total).exp_().unsqueeze(-1)
+    return out.float() * own_weight + head.float() * head_weight
 
 
 def _with_prefix(prefix, query, key, value, attention_mask):
