@@ -1,23 +1,28 @@
 """The engine's KV cache and its CPU attention (the trainer's too, on CPU).
 
 - `GrowingCache`: a KV cache whose layers write new keys and values into preallocated buffers
-  (capacity doubles when full) instead of concatenating the whole cache at every token, as
-  transformers' `DynamicCache` does. Rows can be dropped, merged with another batch's rows, and
-  trimmed of the leading columns no row attends to. It can keep keys and values in another dtype
-  than the model's: on CPU, float32, because bfloat16 matrix products copy a strided view of the
-  buffer whole at every call, and float32 ones read it in place (measured: 1.1 ms against 0.3 ms
-  per layer for 8 rows of 1,100 tokens).
-- `cpu_attention`: attention for one query token computed with two batched matrix products per
-  layer, the query heads of each key-value head grouped (GQA) so keys and values are read once.
-  On CPU, torch's fused kernel is slower for this shape, and 5-7x slower when no padding mask is
-  given. Several query tokens go to torch's SDPA in the cache's dtype, with each key-value
-  head read once by its group of query heads (`enable_gqa`); the trainer uses it on CPU too.
+  (grown by a fixed headroom when full) instead of concatenating the whole cache at every
+  token, as transformers' `DynamicCache` does. Rows can be dropped, merged with another batch's
+  rows, and trimmed of the leading columns no row attends to. It keeps keys and values in the
+  model's dtype unless given another (`Engine(kv_dtype=...)`): bfloat16 takes half the memory
+  of float32, and its attention is faster (below).
+- `cpu_attention`: attention for one query token. Over a 16-bit cache, torch's fused CPU
+  kernel, each key-value head's group of query heads (GQA) as the kernel's queries: it reads
+  the cache's strided views in place, with float32 scores, softmax and sums (the weights are
+  rounded to bfloat16 for their product with the values), where a bfloat16 matrix
+  product copies a strided view whole at every call (3.1 ms against 0.5 ms for 27 rows of 648
+  positions, one layer). Over a float32 cache, two batched matrix products per layer, the query
+  heads of each key-value head grouped so keys and values are read once (torch's fused kernel
+  is slower for that shape, and 5-7x slower when no padding mask is given). Several query
+  tokens go to torch's SDPA in the cache's dtype, with each key-value head read once by its
+  group of query heads (`enable_gqa`); the trainer uses it on CPU too.
 - Shared-prefix attention: when the forward call passes `shared_prefix` (per layer, the keys
   and values of a prompt head every row starts with, batch 1), the cache holds only what
   follows it in each row, and one query token's attention reads that head once for all rows
-  (one matrix product with every row's query heads stacked) instead of once per row. In an agent
-  step, 16-32 rows share a ~900-token system prompt and tool block: read per row, it was 45% of
-  a decoding step's time (16 rows, bfloat16, 2-core CPU).
+  (every row's query heads stacked as one batch's queries) instead of once per row; over a
+  16-bit cache the two parts are merged by their log-sum-exps. In an agent step, 16-32 rows
+  share a ~900-token system prompt and tool block: read per row, it was 45% of a decoding
+  step's time (16 rows, bfloat16, 2-core CPU).
 """
 
 from __future__ import annotations
@@ -87,9 +92,9 @@ def cpu_attention(module, query, key, value, attention_mask, scaling=None, dropo
 def _flash_one_query(q, key, value, attention_mask, prefix, scale):
     """One query token's attention over a cache in a 16-bit dtype: `q` [B, Hkv, G, D], each
     key-value head's G query heads as G queries of torch's fused CPU kernel, which reads the
-    cache's strided views in place (a 16-bit matrix product copies them whole) and computes in
-    float32 within. With a shared prefix, the kernel runs twice, over the rows' own keys and
-    over the prefix with every row's queries stacked, and the two are merged by their
+    cache's strided views in place (a 16-bit matrix product copies them whole), with float32
+    scores, softmax and sums. With a shared prefix, the kernel runs twice, over the rows' own
+    keys and over the prefix with every row's queries stacked, and the two are merged by their
     log-sum-exps. Returns [B, Hkv, G, D] in float32 where merged, else the cache's dtype."""
     mask = None
     if attention_mask is not None:
