@@ -76,14 +76,14 @@ def _held_gb(engine) -> dict[str, float]:
     """What the engine holds, by part: its running batch's key and value buffers as allocated
     (headroom included), the cached prompt heads (`PrefixCache`), then the kept replies
     (`ConversationCache`) without the heads counted before. Each storage counts once."""
-    seen: dict[int, int] = {}
+    seen: set[int] = set()
 
     def count(tensors) -> float:
         total = 0
         for t in tensors:
             storage = t.untyped_storage()
             if storage.data_ptr() not in seen:
-                seen[storage.data_ptr()] = storage.nbytes()
+                seen.add(storage.data_ptr())
                 total += storage.nbytes()
         return total / 1e9
 

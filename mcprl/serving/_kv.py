@@ -99,12 +99,9 @@ def _flash_one_query(q, key, value, attention_mask, prefix, scale):
     mask = None
     if attention_mask is not None:
         mask = attention_mask[:, :, -1:, :]  # [B, 1, 1, T]
-        if mask.dtype == torch.bool:  # the kernel takes an additive mask in its own dtype
-            mask = torch.zeros(mask.shape, dtype=key.dtype, device=mask.device).masked_fill_(
-                ~mask, float("-inf")
-            )
-        else:
-            mask = mask.to(key.dtype)
+        # the kernel takes an additive mask in its own dtype (made per layer: inference tensors
+        # have no version counter for `_additive`'s memo)
+        mask = _to_additive(mask, key.dtype) if mask.dtype == torch.bool else mask.to(key.dtype)
     out, lse = _FLASH(q, key, value, attn_mask=mask, scale=scale)  # [B, Hkv, G, D], [B, Hkv, G]
     if prefix is None:
         return out
@@ -186,10 +183,14 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         kept = _last_mask[3]()
         if kept is not None:
             return kept
-    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    additive.masked_fill_(~mask, float("-inf"))
+    additive = _to_additive(mask, dtype)
     _last_mask = (weakref.ref(mask), *key, weakref.ref(additive))
     return additive
+
+
+def _to_additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as an additive one: 0 where True, -inf elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -torch.inf)
 
 
 AttentionInterface.register(CPU_ATTENTION, cpu_attention)
