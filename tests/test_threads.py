@@ -125,3 +125,34 @@ def test_threads_from_the_flag_or_environment_are_fixed_and_checked(monkeypatch)
     monkeypatch.setenv("MCPRL_THREADS", "two")
     with pytest.raises(UsageError, match="MCPRL_THREADS='two': must be a whole number"):
         set_threads(_args())
+
+
+class _Busy:
+    """Others use `others` cores in every window, of a `cores`-core CPU set."""
+
+    def __init__(self, cores: int, others: float):
+        self.cores, self.value = cores, others
+
+    def others(self) -> float:
+        return self.value
+
+
+def test_settle_sets_the_count_at_once_up_as_well_as_down(monkeypatch):
+    """A thread that starts a burst of work (a training step) takes the free cores now: `poll`
+    would wait two quiet windows before it grows."""
+    torch.set_num_threads(1)
+    governor = ThreadGovernor(most=2, use=_Busy(2, 0.1))
+    governor.threads = 1
+    governor.settle(seconds=0)
+    assert (governor.threads, torch.get_num_threads()) == (2, 2)
+    governor.use = _Busy(2, 1.5)
+    governor.settle(seconds=0)
+    assert (governor.threads, torch.get_num_threads()) == (1, 1)
+
+
+def test_a_later_governor_grows_back_to_the_processs_first_count_not_a_lowered_one(monkeypatch):
+    monkeypatch.setattr(_threads, "CoreUse", lambda: _Busy(2, 0.0))
+    torch.set_num_threads(2)
+    assert ThreadGovernor.for_device("cpu").most == 2  # the engine's, at start
+    torch.set_num_threads(1)  # the engine gave a thread up to a neighbour
+    assert ThreadGovernor.for_device("cpu").most == 2  # the trainer's

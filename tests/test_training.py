@@ -522,6 +522,37 @@ def test_a_step_on_cpu_hands_freed_memory_back_after_every_micro_batch(base_path
     assert trims == [0, 1, 2, 3, 4]  # before each micro-batch's progress is told, then at the end
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("others", "threads"), [(1.5, 1), (0.0, 2)])
+def test_a_step_on_cpu_takes_the_threads_other_processes_leave_free(
+    base_path, monkeypatch, others, threads
+):
+    """Two spinning threads beside another run's rollouts slow both processes many times over
+    (`mcprl.serving._threads`); the trainer sizes its threads as the engine does, and grows
+    back at once when the machine is quiet."""
+    from mcprl.serving import _threads
+
+    class Busy:
+        cores = 2
+
+        def others(self) -> float:
+            return others
+
+    monkeypatch.setattr(_threads, "CoreUse", Busy)
+    monkeypatch.setattr(_threads, "_most", 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3 - threads)  # the count the step must leave
+    try:
+        trainer = LoraTrainer(base_path, device="cpu")
+        _, groups = _prefix_groups(trainer)
+        seen: list[int] = []
+        on_progress = lambda d, _: seen.append(torch.get_num_threads())  # noqa: E731
+        trainer.step(groups, TrainConfig(token_budget=64), on_progress=on_progress)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [threads] * 4
+
+
 def _prefix_groups(trainer: LoraTrainer) -> tuple[list[int], list[TrajectoryGroup]]:
     """Two groups of two attempts behind one 80-token prompt (a shared prefix), on policy; each
     attempt 20 or 21 tokens, so that at a budget of 64 each is a micro-batch of its own (the

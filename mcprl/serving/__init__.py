@@ -42,6 +42,7 @@ from mcprl.serving._server import (
     start_server,
 )
 from mcprl.serving._threads import (
+    ThreadGovernor,
     adaptive_threads,
     busy_at_start,
     fix_threads,
@@ -59,6 +60,7 @@ __all__ = [
     "LocalServer",
     "SamplingParams",
     "ServerHandle",
+    "ThreadGovernor",
     "adapter_request",
     "adaptive_threads",
     "allowed_hosts",

@@ -15,8 +15,11 @@ So the engine measures, every few seconds between decoding steps, how many cores
 processes used (from /proc/stat, less this process's own CPU time), and sets torch's thread
 count to the cores left: one process alone keeps every core, two share them. It drops a
 thread as soon as one window shows the need (contention costs 10x) and takes it back after two
-quiet windows. Thread counts do not change the numbers: on this machine's CPU, logits and greedy
-tokens are identical with 1 or 2 threads.
+quiet windows. The trainer does the same between micro-batches, from a count measured afresh
+at each step's start (`settle`): a step's two threads beside another run's rollouts kept the
+step at its speed alone and starved the rollouts (`benchmarks/sharing.py --training`). Thread
+counts do not change the numbers: on this machine's CPU, logits and greedy tokens are identical
+with 1 or 2 threads.
 
 `fix_threads(n)` (the CLI's `--threads`, `$MCPRL_THREADS`) sets a count and turns this off.
 """
@@ -133,13 +136,35 @@ class ThreadGovernor:
     def for_device(cls, device_type: str) -> ThreadGovernor | None:
         """A governor for a model on `device_type`, or None: only CPU models, only where no
         count was fixed, only where /proc/stat can be read."""
+        global _most
         if device_type != "cpu" or not adaptive_threads():
             return None
         import torch
 
-        governor = cls(_most or torch.get_num_threads())
+        # the count to grow back to is the process's first: a later governor (the trainer's,
+        # after the engine's gave threads up) would otherwise take a lowered count for its most
+        _most = _most or torch.get_num_threads()
+        governor = cls(_most)
         governor.threads = torch.get_num_threads()
         return governor if governor.use.others() is not None else None
+
+    def settle(self, seconds: float = 0.25) -> None:
+        """Measure the cores others use over `seconds` now, and set the calling thread's count
+        to what they leave free, up or down. For a thread that starts a burst of work (a
+        training step): its count is its own, and it should not wait two windows to grow."""
+        import torch
+
+        self.use.others()  # a window from now
+        time.sleep(seconds)
+        others = self.use.others()
+        self._last, self._wanted = time.monotonic(), None
+        if others is None:
+            return
+        want = self.want(others)
+        if want != self.threads:
+            self._set(want, others)
+        else:
+            torch.set_num_threads(want)  # this thread's own count may differ from the last set
 
     def want(self, others: float) -> int:
         return threads_left(others, self.use.cores, self.most)

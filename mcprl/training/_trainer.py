@@ -29,7 +29,7 @@ import torch
 
 from mcprl._memory import return_freed_memory
 from mcprl.errors import CheckpointError
-from mcprl.serving import pick_dtype, torch_dtype
+from mcprl.serving import ThreadGovernor, pick_dtype, torch_dtype
 from mcprl.serving import prefix_kv as run_prefix
 from mcprl.training._batch import MicroBatch, build_sequences, micro_batches, split_by_group
 from mcprl.training._config import LoraConfig, TrainConfig
@@ -177,6 +177,11 @@ class LoraTrainer:
             )
             plan.append((norm, batches))
         done, total = 0, sum(len(batches) for _, batches in plan)
+        # threads sized to the cores other processes leave free, as the engine's are: a step's
+        # two spinning threads beside another run's rollouts (not measured before)
+        governor = ThreadGovernor.for_device(self.device.type)
+        if governor is not None:
+            governor.settle()
         norms = []
         # the ratio's denominator per micro-batch: None is the micro-batch's own forward pass
         # (first update), a tensor the policy before the step's first update (later ones)
@@ -190,6 +195,8 @@ class LoraTrainer:
             ref_kv = self._reference_prefix(batches) if config.beta > 0 else None
             head: _HeadPass | None = None  # a group's own head, run once for its micro-batches
             for batch, own in zip(batches, olds, strict=True):
+                if governor is not None:
+                    governor.poll()
                 if head is not None and not head.runs(batch.head):
                     head.backward()
                     head = None
