@@ -214,10 +214,16 @@ def agent_workload(dtype: str, device: str, attempts: int, scenarios: int, round
                 max_concurrency=scenarios * attempts, progress=False,
             )  # fmt: skip
 
+        warm = time.time()
         asyncio.run(run(99))  # warm-up: first MCP sessions, grammar compilation
+        warm_span = (warm, time.time())
         stats = dict(getattr(server.engine, "stats", {}))
         start = time.perf_counter()
-        groups = [g for r in range(rounds) for g in asyncio.run(run(r))]
+        groups, spans = [], []  # spans: each round's (start, end) in wall-clock time
+        for r in range(rounds):
+            began = time.time()
+            groups += asyncio.run(run(r))
+            spans.append((began, time.time()))
         seconds = time.perf_counter() - start
         after = getattr(server.engine, "stats", {})
         governor = getattr(server.engine, "governor", None)
@@ -228,6 +234,8 @@ def agent_workload(dtype: str, device: str, attempts: int, scenarios: int, round
     return {
         "mcprl": str(Path(mcprl.__file__).parent.parent),
         "seconds": seconds,
+        "round_spans": spans,
+        "warmup_span": warm_span,
         "attempts": len(trajectories),
         "model_calls": calls,
         "completion_tokens": completion,
