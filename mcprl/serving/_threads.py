@@ -16,8 +16,9 @@ processes used (from /proc/stat, less this process's own CPU time), and sets tor
 count to the cores left: one process alone keeps every core, two share them. It drops a
 thread as soon as one window shows the need (contention costs 10x) and takes it back after two
 quiet windows. The trainer does the same between micro-batches, from a count measured afresh
-at each step's start (`settle`): a step's two threads beside another run's rollouts kept the
-step at its speed alone and starved the rollouts (`benchmarks/sharing.py --training`). Thread
+at each step's start (`settle`): with two threads beside another run's rollouts a step ran at
+0.16x its speed alone, sized to the free cores at 0.60x, with the rollouts at 0.57x and 0.65x
+(`benchmarks/sharing.py --training`). Thread
 counts do not change the numbers: on this machine's CPU, logits and greedy tokens are identical
 with 1 or 2 threads.
 
