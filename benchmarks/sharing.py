@@ -20,13 +20,13 @@ and its ratio is given as an upper bound.
     python benchmarks/sharing.py --training RUN/trajectories/train/0010.jsonl [--steps 2]
 
 A training step beside another run's rollouts instead, the two phases of two runs that overlap
-most: 1 + `--steps` `LoraTrainer.step`s on a run's stored groups in one
-process, the rollouts workload in another, started together. Reported, over the time both
-were busy (from the later start to the earlier end): the work each did, in seconds of the same
-work alone, per second: its speed beside the other against alone (each step or round counts by
-the share of it that fell within; the first step and the warm-up round included). Modes: adaptive
-(the trainer sizes its threads as the engine does, `ThreadGovernor.settle`/`poll`) and fixed
-(the trainer at one thread per core, as before; the rollouts stay adaptive).
+most: 1 + `--steps` `LoraTrainer.step`s on a run's stored groups in one process, the rollouts
+workload in another, started together. Reported, over the time both were busy (from the later
+start to the earlier end): the work each did, in seconds of the same work alone, per second:
+its speed beside the other against alone (each step or round counts by the share of it that
+fell within; the first step and the warm-up round included). Modes: adaptive (the trainer sizes
+its threads as the engine does, `ThreadGovernor.settle`/`poll`) and fixed (the trainer at one
+thread per core, as before; the rollouts stay adaptive).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ thread as soon as one window shows the need (contention costs 10x) and takes it 
 quiet windows. The trainer does the same between micro-batches, from a count measured afresh
 at each step's start (`settle`): with two threads beside another run's rollouts a step ran at
 0.16x its speed alone, sized to the free cores at 0.60x, with the rollouts at 0.57x and 0.65x
-(`benchmarks/sharing.py --training`). Thread
-counts do not change the numbers: on this machine's CPU, logits and greedy tokens are identical
-with 1 or 2 threads.
+(`benchmarks/sharing.py --training`). Thread counts do not change the engine's numbers: on
+this machine's CPU, logits and greedy tokens are identical with 1 or 2 threads (a training
+step's weights differ by float summation order: at most 3.3e-6).
 
 `fix_threads(n)` (the CLI's `--threads`, `$MCPRL_THREADS`) sets a count and turns this off.
 """
