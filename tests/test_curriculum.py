@@ -662,12 +662,12 @@ def _answers_after_one_call(body: dict) -> tuple[int, dict]:
 
 async def _two_demonstrating_steps(tmp_path, policy, scenarios, steps=2, **settings):
     """Two (or `steps`) training steps of one group of 4 attempts on the calculator,
-    exploration off and 2 attempts demonstrated where a kind is unsolved, `policy` answering;
-    (run, backend)."""
+    exploration and guided attempts off and 2 attempts demonstrated where a kind is unsolved,
+    `policy` answering; (run, backend)."""
     with LocalChatServer(policy) as server:
         backend = FakeBackend(tmp_path, server.base_url)
         config = scripted_config(steps=steps, groups_per_step=1, rollouts_per_group=4, oversample=1,
-                                 explore=0, demonstrate=2, **settings)  # fmt: skip
+                                 explore=0, guide=0, demonstrate=2, **settings)  # fmt: skip
         run = TrainingRun(config, load_example("calculator").server, backend,
                           say=lambda _: None, progress=False)  # fmt: skip
         await run.prepare(scenarios)
@@ -906,8 +906,9 @@ def test_the_calls_made_for_a_guided_attempt_fall_as_its_kind_gets_solved():
 @pytest.mark.anyio
 @pytest.mark.parametrize("demonstrate", [0, 1])
 async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_path, demonstrate):
-    """With `demonstrate`, that many guided attempts are also shown the call after the ones
-    made for them (pinned, and trained on: a token-carrying turn of the attempt's own)."""
+    """Guided attempts are on by default (`guide` 0.5: half a group). With `demonstrate`, that
+    many guided attempts are also shown the call after the ones made for them (pinned, and
+    trained on: a token-carrying turn of the attempt's own)."""
     scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _scenario("val")])
     scenarios.scenarios[-1].split = "val"
     said: list[str] = []
@@ -915,7 +916,7 @@ async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_pa
         backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
                            eval_every=0, reward="reference", write_report=False,
-                           guide=0.5, demonstrate=demonstrate)  # fmt: skip
+                           demonstrate=demonstrate)  # fmt: skip
         run = TrainingRun(config, load_example("calculator").server, backend, say=said.append,
                           progress=False, observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)
@@ -1243,13 +1244,13 @@ async def test_a_run_solves_its_worked_examples_once_says_which_and_opens_every_
 
 
 async def _one_step(tmp_path, scenarios, rollout, groups: int = 1):
-    """One training step on the calculator's server with `rollout`, answered by `_policy`:
-    (the run, what it said, the chat server with its requests)."""
+    """One training step on the calculator's server with `rollout`, answered by `_policy`, no
+    attempt started by the loop: (the run, what it said, the chat server with its requests)."""
     with LocalChatServer(_policy) as server:
         backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=1, groups_per_step=groups, rollouts_per_group=2, oversample=1,
                            eval_every=0, reward="reference", write_report=False, explore=0,
-                           demonstrate=0, rollout=rollout)  # fmt: skip
+                           guide=0, demonstrate=0, rollout=rollout)  # fmt: skip
         said: list[str] = []
         run = TrainingRun(config, load_example("calculator").server, backend, progress=False,
                           say=said.append)  # fmt: skip
