@@ -181,15 +181,15 @@ class RunConfig(BaseModel):
         "the calls but cannot read the answer out of their results. 0 disables",
     )
     guide: float = Field(
-        default=0.5,
+        default=0.0,
         ge=0.0,
         le=1.0,
         description="at a chain of two or more calls that no attempt of the policy's own has "
         "solved (from its first draw on), this share of a group's attempts start with the "
         "reference's first calls made for them (how many: a draw that falls as the kind gets "
         "solved), so the policy practises the call after them; such a chain is guided instead "
-        "of explored (the calculator's chains, four training seeds: 14 -> 51 of 160 held out, "
-        "RESULTS.md L197-L198). 0 disables",
+        "of explored (0.5 on the calculator, four training seeds: chains 14 -> 51 of 160 held "
+        "out, L197-L198; on the catalog it collapsed a run at step 5, L200). 0 disables",
     )
     hindsight: int = Field(
         default=0,

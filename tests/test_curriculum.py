@@ -906,9 +906,8 @@ def test_the_calls_made_for_a_guided_attempt_fall_as_its_kind_gets_solved():
 @pytest.mark.anyio
 @pytest.mark.parametrize("demonstrate", [0, 1])
 async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_path, demonstrate):
-    """Guided attempts are on by default (`guide` 0.5: half a group). With `demonstrate`, that
-    many guided attempts are also shown the call after the ones made for them (pinned, and
-    trained on: a token-carrying turn of the attempt's own)."""
+    """With `demonstrate`, that many guided attempts are also shown the call after the ones
+    made for them (pinned, and trained on: a token-carrying turn of the attempt's own)."""
     scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _scenario("val")])
     scenarios.scenarios[-1].split = "val"
     said: list[str] = []
@@ -916,7 +915,7 @@ async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_pa
         backend = FakeBackend(tmp_path, server.base_url)
         config = RunConfig(steps=2, groups_per_step=1, rollouts_per_group=4, oversample=1,
                            eval_every=0, reward="reference", write_report=False,
-                           demonstrate=demonstrate)  # fmt: skip
+                           guide=0.5, demonstrate=demonstrate)  # fmt: skip
         run = TrainingRun(config, load_example("calculator").server, backend, say=said.append,
                           progress=False, observers=[Console(said.append)])  # fmt: skip
         await run.prepare(scenarios)
