@@ -22,6 +22,9 @@
   three training seeds it changed held-out val gains from +34.7/+19.4/+2.8 to
   +27.8/+15.3/+8.3 points (benchmarks/RESULTS.md): no better on average, so it is
   not the default. A reference with calls and no answer scores the share of calls made.
+  The share counts only calls the policy made: a guided attempt's first calls, made for it
+  (`RolloutConfig.guided_calls`), move its chain on (the metric `reward_calls` and a chain
+  completed count them) but earn it no credit.
   Where the reference `needs_calls` (every grounded task: its answer is the server's data), a
   right answer without a successful call of each tool the reference calls (one whose result is
   no error, flagged or written out as "Database error: …", and not empty, as `[]`) is a guess:
@@ -288,6 +291,20 @@ def _calls_credit(calls: _Calls, reference: Reference, tool_only: float) -> floa
     return credit / len(reference.calls)
 
 
+def _own_calls_credit(calls: _Calls, reference: Reference, tool_only: float, guided: int) -> float:
+    """`_calls_credit` for the calls the policy made itself: a guided attempt's first `guided`
+    calls were made for it (`RolloutConfig.guided_calls`), so only its calls after them count,
+    against the reference calls after them (a repeat of a call made for it earns nothing). A
+    failed guided attempt credited with calls it never made outscored the group's own attempts
+    and pushed its own tokens up, garbage answers included: the catalog's L200, whose answers
+    grew into digit strings ("177793657589") until no attempt solved anything at step 5."""
+    if guided <= 0 or not reference.calls:
+        return _calls_credit(calls, reference, tool_only)
+    rest = reference.model_copy(update={"calls": reference.calls[guided:]})
+    share = len(rest.calls) / len(reference.calls)
+    return _calls_credit(calls[guided:], rest, tool_only) * share
+
+
 def call_turns(trajectory: Trajectory, reference: Reference) -> list[list[int]]:
     """Where the attempt stood on the reference's chain of calls at each assistant turn:
     `[message index, the reference call due (0-based), 1 if the turn made it else 0]`.
@@ -464,16 +481,18 @@ def reward_parts(
     w = weights or ReferenceReward()
     made = made_calls(trajectory)  # read once for every part below
     calls = _calls_credit(made, ref, w.tool_only)
+    own = _own_calls_credit(made, ref, w.tool_only, int(trajectory.metadata.get("guided_calls", 0)))
     repeats = float(_repeats(made))
     if ref.answer is None:  # calls are all there is to check
+        reward = 1.0 if calls >= 1.0 else own
         return RewardParts(
-            answer=0.0, calls=calls, reported=0.0, repeated_calls=repeats, reward=calls
+            answer=0.0, calls=calls, reported=0.0, repeated_calls=repeats, reward=reward
         )
     answer = float(answer_matches(trajectory.final_answer(), ref))
     guessed = float(bool(answer) and ref.needs_calls and not _called_tools(made, ref))
     answer -= guessed
     reported = float(_reported_result(trajectory, made, ref, any_tool=w.report_any_tool))
-    reward = 1.0 if answer else w.calls_weight * calls + w.report_weight * reported
+    reward = 1.0 if answer else w.calls_weight * own + w.report_weight * reported
     return RewardParts(
         answer=answer,
         calls=calls,

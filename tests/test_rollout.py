@@ -616,6 +616,51 @@ def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
         ReferenceReward(calls_weight=0.7, report_weight=0.3)
 
 
+def test_calls_made_for_a_guided_attempt_earn_it_no_credit():
+    """A guided attempt starts after reference calls the loop made for it: they move its chain
+    on, but only the calls after them are its own. Credited with them, a failed guided attempt
+    outscored its group's own attempts and trained its garbage answer up (the catalog, L200)."""
+    from mcprl.rewards import reward_parts
+
+    chain = Scenario(
+        id="avg",
+        task="What is the average of 2 and 4?",
+        difficulty=2,
+        reference=Reference(
+            answer="3",
+            calls=[
+                ReferenceCall(tool="add", arguments={"a": 2, "b": 4}),
+                ReferenceCall(tool="divide", arguments={"a": 6, "b": 2}),
+            ],
+        ),
+    )
+
+    def attempt(turns: list[tuple[str, dict, str]], answer: str, guided: int = 0) -> Trajectory:
+        messages = [{"role": "user", "content": chain.task}]
+        for name, args, result in turns:
+            c = call(name, args)
+            messages.append({"role": "assistant", "content": None, "tool_calls": [c]})
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
+        meta = {"final_answer": answer} | ({"guided_calls": guided} if guided else {})
+        return Trajectory(messages=messages, metadata=meta)
+
+    add = ("add", {"a": 2, "b": 4}, "6")
+    divide = ("divide", {"a": 6, "b": 2}, "3")
+    wrong = ("multiply", {"a": 9, "b": 9}, "81")
+    guided_garbage = reward_parts(attempt([add, wrong], "177793657589", guided=1), chain)
+    own_first_call = reward_parts(attempt([add], "6"), chain)
+    assert guided_garbage.calls == 0.5  # its chain got as far as the call made for it ...
+    assert guided_garbage.reward == pytest.approx(0.0)  # ... which earns it nothing
+    assert own_first_call.reward == pytest.approx(0.15 + 0.1)  # the policy's own first call
+    # the call after those made for it is its own; repeating one made for it earns nothing
+    next_call = reward_parts(attempt([add, divide], "4", guided=1), chain)
+    assert next_call.reward == pytest.approx(0.15)
+    repeat = reward_parts(attempt([add, add], "5", guided=1), chain)
+    assert repeat.reward == pytest.approx(0.0) and repeat.repeated_calls == 1
+    # a chain completed and answered is a success however it started
+    assert reward_parts(attempt([add, divide], "3", guided=1), chain).reward == 1.0
+
+
 def test_a_right_guess_about_the_servers_data_is_not_a_success():
     """A yes or no is right half the time without looking: where the reference `needs_calls`
     (grounded tasks), the answer counts only after a good call of each tool it calls (no error,
