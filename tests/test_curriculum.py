@@ -1170,7 +1170,7 @@ async def test_subtasks_train_one_step_of_an_unsolved_chain_and_count_apart(tmp_
             assert len(made) == k  # the calls before the step, made for it, then its own
             right = made[-1] == ["add", "multiply"][k - 1]
             assert t.metrics["success"] == float(right)
-            assert t.reward == (1.0 if right else (k - 1) / k)  # the steps made for it count
+            assert t.reward == (1.0 if right else 0.0)  # the calls made for it earn nothing
         shown = [t for t in g.trajectories if "first_arguments" in t.metadata]
         assert len(shown) == demonstrate
         for t in shown:  # the call due pinned, and trained on (its turn carries tokens)
