@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from itertools import count
 
 import anyio
@@ -563,17 +564,28 @@ async def test_text_answers_and_the_switches_of_the_final_turn(calculator):
     )
 
 
+def _attempt(
+    task: str,
+    turns: Sequence[tuple[str, dict, str]],
+    answer: str | None,
+    metadata: dict | None = None,
+) -> Trajectory:
+    """An attempt at `task` that made `turns` (tool, arguments, result), one a turn, and
+    answered `answer`."""
+    messages = [{"role": "user", "content": task}]
+    for name, args, result in turns:
+        c = call(name, args)
+        messages.append({"role": "assistant", "content": None, "tool_calls": [c]})
+        messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
+    return Trajectory(messages=messages, metadata={"final_answer": answer} | (metadata or {}))
+
+
 def test_reward_parts_put_the_answer_first_and_give_partial_credit_toward_it():
     from mcprl.rewards import ReferenceReward, reward_parts
 
     def attempt(*turns: tuple[str, dict, str]) -> Trajectory:
-        messages = [{"role": "user", "content": "What is 6 times 7?"}]
-        for name, args, result in turns:
-            c = call(name, args)
-            messages.append({"role": "assistant", "content": None, "tool_calls": [c]})
-            messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
         answer = turns[-1][1].get("answer") if turns[-1][0] == "complete_task" else None
-        return Trajectory(messages=messages, metadata={"final_answer": answer})
+        return _attempt(SCENARIO.task, turns, answer)
 
     right = attempt(("multiply", {"a": 6, "b": 7}, "42"), ("complete_task", {"answer": "42"}, ""))
     lucky = attempt(("complete_task", {"answer": "42"}, ""))
@@ -636,13 +648,7 @@ def test_calls_made_for_a_guided_attempt_earn_it_no_credit():
     )
 
     def attempt(turns: list[tuple[str, dict, str]], answer: str, guided: int = 0) -> Trajectory:
-        messages = [{"role": "user", "content": chain.task}]
-        for name, args, result in turns:
-            c = call(name, args)
-            messages.append({"role": "assistant", "content": None, "tool_calls": [c]})
-            messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
-        meta = {"final_answer": answer} | ({"guided_calls": guided} if guided else {})
-        return Trajectory(messages=messages, metadata=meta)
+        return _attempt(chain.task, turns, answer, {"guided_calls": guided} if guided else {})
 
     add = ("add", {"a": 2, "b": 4}, "6")
     divide = ("divide", {"a": 6, "b": 2}, "3")
