@@ -298,8 +298,8 @@ def _own_calls_credit(calls: _Calls, reference: Reference, tool_only: float, gui
     failed guided attempt credited with calls it never made outscored the group's own attempts
     and pushed its own tokens up, garbage answers included: the catalog's L200, whose answers
     grew into digit strings ("177793657589") until no attempt solved anything at step 5."""
-    if guided <= 0 or not reference.calls:
-        return _calls_credit(calls, reference, tool_only)
+    if not reference.calls:
+        return 0.0
     rest = reference.model_copy(update={"calls": reference.calls[guided:]})
     share = len(rest.calls) / len(reference.calls)
     return _calls_credit(calls[guided:], rest, tool_only) * share
@@ -481,7 +481,8 @@ def reward_parts(
     w = weights or ReferenceReward()
     made = made_calls(trajectory)  # read once for every part below
     calls = _calls_credit(made, ref, w.tool_only)
-    own = _own_calls_credit(made, ref, w.tool_only, int(trajectory.metadata.get("guided_calls", 0)))
+    guided = int(trajectory.metadata.get("guided_calls", 0))
+    own = _own_calls_credit(made, ref, w.tool_only, guided) if guided else calls
     repeats = float(_repeats(made))
     if ref.answer is None:  # calls are all there is to check
         reward = 1.0 if calls >= 1.0 else own
