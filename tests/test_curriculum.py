@@ -940,49 +940,6 @@ async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_pa
     assert f"{2 - demonstrate} attempt{'s' if demonstrate == 0 else ''} guided" in said[-1]
 
 
-def _demonstrated_group(sid: str, solved: bool) -> TrajectoryGroup:
-    """Two attempts shown the chain's first call (one solving it when `solved`) and two of the
-    policy's own that fail."""
-    group = _group(sid, [float(solved), 0.0, 0.0, 0.0])
-    for t in group.trajectories[:2]:
-        t.metadata |= {"first_tool": "add", "first_arguments": '{"a": 2, "b": 3}'}
-    return group
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("carried", [False, True])
-async def test_guide_after_demonstrates_a_chain_first_and_guides_it_once_that_fails(
-    tmp_path, carried
-):
-    """With `guide_after=2`, an unsolved chain's first draw shows its first call (as a kind
-    without the guide is shown it once tried); a group where the 2 shown it all failed turns
-    the kind over to guided attempts, and one where a shown attempt went on to succeed keeps
-    it demonstrated."""
-    chain = _chain("c0")
-    scenarios = ScenarioSet([chain, _scenario("val")])
-    scenarios.scenarios[-1].split = "val"
-    with LocalChatServer(_finishes_only_what_it_is_shown) as server:
-        backend = FakeBackend(tmp_path, server.base_url)
-        config = RunConfig(rollouts_per_group=4, explore=0, demonstrate=2, guide=0.5,
-                           guide_after=2, write_report=False)  # fmt: skip
-        run = TrainingRun(config, load_example("calculator").server, backend,
-                          say=lambda _: None, progress=False)  # fmt: skip
-        await run.prepare(scenarios)
-        first = run._starts(chain, seed=0)
-        run.sampler.observe([_demonstrated_group("c0", solved=carried)])
-        second = run._starts(chain, seed=0)
-    shown_first_call = {"first_tool": "add", "first_arguments": {"a": 2, "b": 3}, "next_calls": []}
-    assert first == [shown_first_call, shown_first_call]  # from the first draw, no call made
-    if carried:  # a shown attempt finished the chain: keep showing its start
-        assert second == first
-    else:  # the 2 shown it failed: the call after the one made for them, shown and trained
-        shown_second = {"first_tool": "multiply", "first_arguments": {"a": 5, "b": 4}}
-        assert second == [{"guided_calls": 1, "next_calls": []} | shown_second] * 2
-    assert run.sampler.demonstrations_failed(chain, 2) is not carried
-    assert run.sampler.demonstrations_failed(chain, 3) is False  # only 2 shown so far
-    assert run.sampler.demonstrations_failed(chain, 0) is True  # 0: guided from the start
-
-
 def _calls_then_answers(tool: dict[str, str]):
     """A policy that calls `tool["name"]` with 2 and 3 and then answers 5."""
 
