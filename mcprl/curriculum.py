@@ -121,12 +121,6 @@ def _shown_every_call(t: Any, calls: int) -> bool:
     return _demonstrated(t) > 0 and made >= calls and "demonstrated_answer" not in t.metadata
 
 
-def _demonstrates_start(t: Any) -> bool:
-    """The loop pinned the attempt's first call, at the start of its chain (no calls made for
-    it before, as a guided attempt or a subtask's has)."""
-    return "first_arguments" in t.metadata and "guided_calls" not in t.metadata
-
-
 def task_kind(scenario: Scenario) -> tuple[str, ...]:
     """The tools its reference calls, in order (its own id when it has no reference calls), and
     for a generated task what it asks of their results (`question_kind`): a count and a lookup
@@ -338,10 +332,6 @@ class ScenarioStats:
     # attempts shown every reference call (made or pinned for them), left to answer alone
     shown_all: int = 0
     shown_all_solved: int = 0
-    # attempts at a chain shown its first call (a demonstration from the start), then left to
-    # go on alone
-    demonstrated: int = 0
-    demonstrated_solved: int = 0
 
     @property
     def success_rate(self) -> float:
@@ -414,8 +404,6 @@ class ScenarioSampler:
             calls = self._calls[g.scenario_id or ""]
             shown = [t for t in g.trajectories if calls and _shown_every_call(t, calls)]
             shown_solved = sum(t.metrics.get(self._mark, 0.0) >= 1.0 for t in shown)
-            demos = [t for t in g.trajectories if calls >= 2 and _demonstrates_start(t)]
-            demos_solved = sum(t.metrics.get(self._mark, 0.0) >= 1.0 for t in demos)
             for s in (stats, kind):
                 s.groups += 1
                 s.informative += informative
@@ -426,8 +414,6 @@ class ScenarioSampler:
                 s.recent_informative = self.decay * s.recent_informative + informative
                 s.shown_all += len(shown)
                 s.shown_all_solved += shown_solved
-                s.demonstrated += len(demos)
-                s.demonstrated_solved += demos_solved
                 if guided:
                     fewest = min(guided)
                     s.guided_solved = min(fewest, s.guided_solved or fewest)
@@ -464,16 +450,6 @@ class ScenarioSampler:
         if after <= 0 or kind is None:
             return False
         return kind.shown_all >= after and kind.shown_all_solved == 0
-
-    def demonstrations_failed(self, scenario: Scenario, after: int) -> bool:
-        """At least `after` attempts at its kind (a chain of two or more calls) were shown the
-        chain's first call and went on alone, and none of them succeeded: a demonstration of
-        the start does not carry the policy through the rest, where practising the later
-        steps (guided attempts) may. True for any scenario when `after` is 0."""
-        if after <= 0:
-            return True
-        kind = self._kind_stats(scenario)
-        return kind is not None and kind.demonstrated >= after and kind.demonstrated_solved == 0
 
     def solved(self, scenario: Scenario) -> bool:
         """An attempt of the policy's own choosing has solved its kind (helped ones, explored

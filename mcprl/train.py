@@ -192,16 +192,6 @@ class RunConfig(BaseModel):
         "out, L197-L198; on the catalog, seed 0, 39 and 42 of 96 held out against 56 "
         "without, L200-L201). 0 disables",
     )
-    guide_after: int = Field(
-        default=0,
-        ge=0,
-        description="with guide on, a chain is first demonstrated and explored from its first "
-        "draw, as an unsolved kind is without the guide, and guided only once this many "
-        "attempts at its kind were shown the chain's first call and none of them went on to "
-        "succeed: where the start's demonstration carries the policy through the chain (the "
-        "catalog's), it is kept; where it does not (the calculator's), the later steps are "
-        "practised. 0: guided from the first draw",
-    )
     hindsight: int = Field(
         default=0,
         ge=0,
@@ -1126,25 +1116,22 @@ class TrainingRun:
         """How the first attempts at `scenario` start (`collect_groups(starts=)`): at a chain
         of calls with `guide` on, until an attempt of the policy's own solves its kind (from
         its first draw), after the reference's first calls (`guided_calls`, drawn by the
-        sampler), or with `guide_after`, demonstrated and explored as an unsolved kind is
-        until that many demonstrations of its start failed; else as the policy chooses unless
-        its kind is unsolved, and then each with a
+        sampler); else as the policy chooses unless its kind is unsolved, and then each with a
         different tool the agent is offered (`explore`): the reference's first tool where the
         scenario has reference calls and no demonstration starts with it, the others by a
         seeded draw."""
         rng = random.Random(seed)
         attempts = self.config.rollouts_per_group
         chain = scenario.reference.calls if scenario.reference is not None else []
-        guide = self.config.guide > 0 and len(chain) >= 2
-        if guide and self.sampler.solved(scenario):
-            return []
-        if guide and self.sampler.demonstrations_failed(scenario, self.config.guide_after):
+        if self.config.guide > 0 and len(chain) >= 2:
+            if self.sampler.solved(scenario):
+                return []
             n = math.ceil(self.config.guide * attempts)
             starts = [{"guided_calls": self.sampler.guided_calls(scenario, rng)} for _ in range(n)]
             for start in starts[: self.config.demonstrate]:  # and the calls after them, pinned
                 start |= self._demonstration(scenario, chain[start["guided_calls"] :])
             return starts
-        if not guide and not self.sampler.unsolved(scenario):
+        if not self.sampler.unsolved(scenario):
             return []
         share = self.config.explore
         hidden = self.config.rollout.hidden_tools  # the agent is not offered these

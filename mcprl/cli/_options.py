@@ -200,13 +200,6 @@ RUN = [
         "calculator's chains and cost the catalog, see RESULTS.md)",
     ),
     Setting(
-        "--guide-after",
-        "guide_after",
-        "with --guide, demonstrate a chain's first call from its first draw and guide it only "
-        "once N attempts shown that call all failed (default {default}: guided from the first "
-        "draw; see RESULTS.md)",
-    ),
-    Setting(
         "--hindsight",
         "hindsight",
         "after each step, add at most this many tasks that a failed attempt's chain of 2+ "
