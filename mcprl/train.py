@@ -189,8 +189,9 @@ class RunConfig(BaseModel):
         "reference's first calls made for them (how many: a draw that falls as the kind gets "
         "solved), so the policy practises the call after them; such a chain is guided instead "
         "of explored (0.5 on the calculator, four training seeds: chains 14 -> 51 of 160 held "
-        "out, L197-L198; on the catalog, seed 0, 39 and 42 of 96 held out against 56 "
-        "without, L200-L201). 0 disables",
+        "out, L197-L198; on the catalog, 39 and 42 of 96 held out at seed 0 against 56 "
+        "without and 38 at seed 1 against 60; on the notes server 7 against 22; L200-L212). "
+        "0 disables",
     )
     hindsight: int = Field(
         default=0,
