@@ -572,3 +572,65 @@ def test_the_engine_packs_its_output_layer_once_on_cpu(engine):
     packed = [m for m in engine.model.modules() if hasattr(m, "_packed")]
     assert packed == [engine.model.get_output_embeddings()]
     assert engine.packed_bytes == 49152 * 576 * 4  # float32 here
+    # float32 weights read from the model's file are mapped, not swapped: they stay plain
+    assert engine._swapped.layers == []
+
+
+def test_swapped_weights_free_the_plain_weight_and_restore_it_bit_for_bit():
+    from mcprl.serving._packed import SwappedWeights, packable
+
+    if not packable(torch.device("cpu"), torch.bfloat16):
+        pytest.skip("this torch cannot pack bfloat16 weights for oneDNN")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 96), torch.nn.Linear(96, 64), torch.nn.Linear(64, 64, bias=False)
+    ).to(torch.bfloat16)
+    model.requires_grad_(False)
+    tied = torch.nn.Linear(64, 64, bias=False).to(torch.bfloat16).requires_grad_(False)
+    tied.weight = model[2].weight  # a weight another layer shares is left alone
+    model.append(tied)
+    rows = torch.randn(5, 64, dtype=torch.bfloat16)
+    plain, weights = model(rows), [m.weight.clone() for m in model]
+    # a trainer reading the served weights shares their storage (`share_base_weights`)
+    trainer = torch.nn.Parameter(torch.empty(0, dtype=torch.bfloat16), requires_grad=False)
+    trainer.data = model[0].weight.data
+
+    swapped = SwappedWeights(model)
+    assert swapped.layers == [model[0], model[1]]
+    swapped.pack()
+    assert model[0].weight.untyped_storage().nbytes() == 0  # the plain weight's memory is gone
+    assert trainer.untyped_storage().nbytes() == 0
+    with pytest.raises(RuntimeError, match="run_exclusive"):
+        model(rows.clone().requires_grad_())  # a gradient through it is refused by name
+    with torch.inference_mode():
+        assert torch.equal(model(rows), plain)  # the packed kernel, the same bits
+    swapped.unpack()
+    assert all(torch.equal(m.weight, w) for m, w in zip(model, weights, strict=True))
+    assert torch.equal(trainer, weights[0])
+    # plain again: a caller that wants gradients gets plain `linear`'s
+    wanted = rows.clone().requires_grad_()
+    model(wanted).float().sum().backward()
+    assert wanted.grad is not None
+    swapped.pack()  # and packs again, as often as the engine swaps
+    with torch.inference_mode():
+        assert torch.equal(model(rows), plain)
+
+
+def test_the_engine_decodes_from_swapped_weights_and_trains_on_plain_ones(policy_server):
+    engine = policy_server.engine
+    if not engine._swapped or not engine._swapped.layers:
+        pytest.skip("the served weights cannot be swapped here (not bfloat16 on a CPU)")
+    layers = engine._swapped.layers
+    assert len(layers) == 210  # SmolLM2-135M's projections, 7 in each of 30 layers
+    before = engine.run_exclusive(lambda: [m.weight.clone() for m in layers[:3]])
+    prompt = engine.tokenizer.encode("Hello")
+    params = SamplingParams(max_tokens=3, temperature=0.0)
+    first = engine.generate_blocking(prompt, params)[0].token_ids
+    # decoding left the packed weights in place of the plain ones
+    assert engine._swapped.packed
+    assert sum(m.weight.untyped_storage().nbytes() for m in layers) == 0
+    # exclusive work (a training step) reads the plain weights, exactly as they were
+    after = engine.run_exclusive(lambda: [m.weight.clone() for m in layers[:3]])
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert engine.generate_blocking(prompt, params)[0].token_ids == first
+    assert engine.stats["swaps"] >= 3

@@ -406,6 +406,13 @@ def test_a_trainer_reads_the_served_base_weights_only_where_they_match(base_path
         assert torch.equal(trainer.token_logprobs(ids, torch.ones_like(ids)), before)
     other = LoraTrainer(base_path, dtype="bfloat16", device="cpu")
     assert other.share_base_weights(served) == 0  # another dtype: its own copy stays
+    # an engine that decodes from packed weights frees the plain ones (`SwappedWeights`): a
+    # step that would read them is refused by name, never run on freed memory
+    swapped = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+    trainer._shared.append(swapped)
+    swapped.untyped_storage().resize_(0)
+    with pytest.raises(RuntimeError, match="run_exclusive"):
+        trainer.step([], TrainConfig())
 
 
 @pytest.mark.slow

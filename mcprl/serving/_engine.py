@@ -38,7 +38,7 @@ from mcprl.serving._grammar import CanonicalTokens, GrammarFactory, apply_bitmas
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
 from mcprl.serving._lora import ServedAdapters
 from mcprl.serving._models import LoadedModel
-from mcprl.serving._packed import pack_output_layer
+from mcprl.serving._packed import SwappedWeights, pack_output_layer
 from mcprl.serving._prefix import (
     Continuation,
     ConversationCache,
@@ -136,6 +136,7 @@ class Engine:
         canonical: bool = False,
         max_batch_kv_bytes: int | str | None = "auto",
         packed_weights: bool = True,
+        swapped_weights: bool = True,
         kv_dtype: torch.dtype | None = None,
     ):
         bound_allocator()  # freed caches go back to the OS within a phase too (`_memory`)
@@ -161,6 +162,7 @@ class Engine:
         self._pending: deque[_Request] = deque()
         self._closed = False
         self._batch: _Batch | None = None
+        self._swapped: SwappedWeights | None = None  # set below, once the output layer is packed
         self._idle = threading.Condition(self._model_lock)  # notified after every step
         self._stops: torch.Tensor | None = None
         self.device = next(self.model.parameters()).device
@@ -189,7 +191,7 @@ class Engine:
         # shared_steps: steps whose rows read one copy of their common prompt head (`_Prefix`)
         self.stats = {"prefills": 0, "steps": 0, "rows": 0, "tokens": 0, "prefill_tokens": 0,
                       "prefill_s": 0.0, "step_s": 0.0, "shared_steps": 0, "trims": 0,
-                      "trim_s": 0.0, "kv_waits": 0}  # fmt: skip
+                      "trim_s": 0.0, "kv_waits": 0, "swaps": 0, "swap_s": 0.0}  # fmt: skip
         self.prefix_cache = PrefixCache() if prefix_cache else None
         # as many kept positions as 1 GiB of float32 holds, in the dtype they are kept in
         kept_bytes = (1 << 30) * self.kept_dtype.itemsize // 4
@@ -211,6 +213,12 @@ class Engine:
         self.packed_bytes = (
             self.run_exclusive(lambda: pack_output_layer(self.model)) if packed_weights else 0
         )
+        # and the other linear layers decode from packed weights alone, swapped back to their
+        # plain ones while exclusive work (training) runs (`SwappedWeights`): 1.14x faster
+        # decoding at no cost in memory. Packed at the first step, on the engine's thread.
+        if packed_weights and swapped_weights:
+            head = self.model.get_output_embeddings()
+            self._swapped = SwappedWeights(self.model, skip=(head,) if head is not None else ())
 
     # -- public ------------------------------------------------------------------------------
 
@@ -244,8 +252,10 @@ class Engine:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """Hold the model (for training): decoding waits until the block ends."""
+        """Hold the model (for training): decoding waits until the block ends. The model's
+        weights are the plain ones inside it."""
         with self._model_lock:
+            self._plain_weights()
             yield
 
     def run_exclusive(self, fn: Callable[[], T]) -> T:
@@ -338,6 +348,7 @@ class Engine:
             self._drain_queue()
             with self._model_lock, torch.inference_mode():
                 try:
+                    self._packed_weights()
                     self._admit()
                     if self._batch is not None:
                         self._step()
@@ -375,12 +386,29 @@ class Engine:
         self.poll_threads()  # a training step runs long: start it at the right count
         with self._model_lock:
             try:
+                self._plain_weights()
                 result = task.fn()
             except BaseException as exc:  # the caller gets it; the engine goes on
                 task.future.set_exception(exc)
             else:
                 task.future.set_result(result)
             self._idle.notify_all()
+
+    def _packed_weights(self) -> None:
+        """Decode from the swapped layers' packed weights (`SwappedWeights`)."""
+        if self._swapped is not None and not self._swapped.packed:
+            self._swap(self._swapped.pack)
+
+    def _plain_weights(self) -> None:
+        """Give the swapped layers their plain weights back, for work that reads them."""
+        if self._swapped is not None and self._swapped.packed:
+            self._swap(self._swapped.unpack)
+
+    def _swap(self, fn: Callable[[], None]) -> None:
+        started = time.perf_counter()
+        fn()
+        self.stats["swaps"] += 1
+        self.stats["swap_s"] += time.perf_counter() - started
 
     def _fail(self, exc: Exception, *, pending: bool = False) -> None:
         """Fail the running batch's requests (and the waiting ones, with `pending`)."""

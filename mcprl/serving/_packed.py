@@ -13,11 +13,16 @@ position (`logits_to_keep=1`), a strided slice of the hidden states, and for suc
 plain bfloat16 call took 2,016 ms for 16 rows of 150 positions (one thread), against 11.7 ms for
 the same rows made contiguous; the packed call takes 8.5 ms on the slice.
 
-Only the output layer is packed: a copy of every projection too (0.21 GB more for SmolLM2-135M)
-made agent-shaped requests 1.14x faster again, against 57 MB for the output layer's 1.28x
-(RESULTS.md, "The output layer's weight packed once"). The plain weight stays: the embedding
-shares it, and the trainer reads the served model's weights (`LoraTrainer.share_base_weights`).
-Where autograd would need a gradient through the layer, the plain `linear` runs.
+The output layer keeps its plain weight beside the packed copy (57 MB for SmolLM2-135M): the
+embedding shares it. Every other linear layer of the model (the projections) is *swapped*
+(`SwappedWeights`): while the engine decodes, only its packed weight exists, the plain weight's
+memory given back; for work that reads the plain weights (a training step: the trainer shares
+the served model's weights, `LoraTrainer.share_base_weights`) it is rebuilt from the packed one,
+bit for bit, and packed again when decoding resumes. Packed beside their plain weights, the
+projections made agent-shaped requests 1.14x faster for 0.21 GB more (RESULTS.md, "The output
+layer's weight packed once"); swapped, they cost no memory, and a swap of SmolLM2-135M's 210
+projections takes about 0.1 s each way on a 2-core CPU. Where autograd would need a gradient
+through a layer, the plain `linear` runs.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["pack_linear", "pack_output_layer", "packable"]
+__all__ = ["SwappedWeights", "pack_linear", "pack_output_layer", "packable"]
 
 
 def packable(device: torch.device, dtype: torch.dtype) -> bool:
@@ -61,12 +66,90 @@ def pack_linear(module: nn.Linear) -> int:
 
 def _packed_forward(module: nn.Linear):
     def forward(x: torch.Tensor) -> torch.Tensor:
-        weight, bias = module.weight, module.bias
+        weight, bias, packed = module.weight, module.bias, module._packed
         wants_grad = torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
         )
-        if wants_grad or x.dtype != weight.dtype or x.device != weight.device:
+        if packed is None or wants_grad or x.dtype != weight.dtype or x.device != weight.device:
+            if packed is not None and getattr(module, "_swapped", False):
+                raise RuntimeError(
+                    "this layer's plain weight is swapped out while its engine decodes; run work "
+                    "that wants gradients through the served model under `Engine.run_exclusive` "
+                    "or `Engine.paused()`"
+                )
             return nn.functional.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, module._packed, bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     return forward
+
+
+class SwappedWeights:
+    """Linear layers that hold either a packed weight (for decoding) or their plain one.
+
+    `pack()` reorders each weight for oneDNN and gives the plain weight's memory back: its
+    storage is resized to nothing in place, so every tensor sharing it (a trainer's copy of the
+    base weights, `LoraTrainer.share_base_weights`) lets go of it too. Reading the weight then
+    is an error: the layer's forward raises where it would need it, and
+    `mcprl.training.LoraTrainer` checks its shared weights before a step; other readers must
+    hold the engine (`Engine.run_exclusive`, `Engine.paused()`), which swaps the plain weights
+    back first. `unpack()` restores each plain weight from its packed copy
+    (the same bits) into that same storage, and drops the packed copy. Only the layers this can
+    be done for take part (`swappable`); the others stay as they are."""
+
+    def __init__(self, model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> None:
+        counts: dict[int, int] = {}
+        for _, p in model.named_parameters(remove_duplicate=False):
+            key = p.untyped_storage().data_ptr()
+            counts[key] = counts.get(key, 0) + 1
+        self.layers = [
+            m
+            for m in model.modules()
+            if type(m) is nn.Linear
+            and not any(m is s for s in skip)
+            and swappable(m)
+            and counts.get(m.weight.untyped_storage().data_ptr()) == 1
+        ]
+        self.packed = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the swapped layers' weights (held once, in either form)."""
+        return sum(m.weight.numel() * m.weight.element_size() for m in self.layers)
+
+    def pack(self) -> None:
+        if self.packed:
+            return
+        with torch.no_grad():
+            for m in self.layers:
+                m._packed = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 8)
+                if not hasattr(m, "_swapped"):
+                    m._swapped = True
+                    m.forward = _packed_forward(m)
+                m.weight.untyped_storage().resize_(0)
+        self.packed = True
+
+    def unpack(self) -> None:
+        if not self.packed:
+            return
+        with torch.no_grad():
+            for m in self.layers:
+                weight = m.weight
+                weight.untyped_storage().resize_(weight.numel() * weight.element_size())
+                weight.copy_(m._packed.to_dense())
+                m._packed = None
+        self.packed = False
+
+
+def swappable(module: nn.Linear) -> bool:
+    """Whether `module`'s weight can be swapped for a packed one (`SwappedWeights`): packable
+    here, frozen, and the only tensor in a storage of its own, so the storage can be freed."""
+    weight = module.weight
+    return (
+        packable(weight.device, weight.dtype)
+        and not weight.requires_grad
+        and not hasattr(module, "_packed")
+        and weight.storage_offset() == 0
+        and weight.is_contiguous()
+        and weight.untyped_storage().nbytes() == weight.numel() * weight.element_size()
+        and weight.untyped_storage().resizable()
+    )

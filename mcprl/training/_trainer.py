@@ -65,6 +65,7 @@ class LoraTrainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=0.0)
         self.updates = 0
+        self._shared: list[torch.nn.Parameter] = []  # base weights read from an engine
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
 
@@ -116,8 +117,19 @@ class LoraTrainer:
             if other.data_ptr() == mine.data_ptr():
                 continue
             mine.data = other.data
+            self._shared.append(mine)
             shared += mine.numel() * mine.element_size()
         return shared
+
+    def _check_shared_weights(self) -> None:
+        """Refuse to train on shared base weights that the engine has swapped out (it decodes
+        from packed copies, `mcprl.serving._packed.SwappedWeights`): reading them would read
+        freed memory. The engine swaps them back for work it runs (`Engine.run_exclusive`)."""
+        if any(p.untyped_storage().nbytes() == 0 for p in self._shared):
+            raise RuntimeError(
+                "the base weights this trainer shares with an engine are swapped out; run the "
+                "step under `Engine.run_exclusive` (as `LocalBackend` does) or `Engine.paused()`"
+            )
 
     def _hidden(
         self, ids: torch.Tensor, attention: torch.Tensor, checkpointed: bool = False
@@ -142,6 +154,7 @@ class LoraTrainer:
         on_progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, float]:
         """One GRPO update from `groups`; `on_progress(done, total)` after each micro-batch."""
+        self._check_shared_weights()
         started = time.perf_counter()
         sequences, stats = build_sequences(
             groups,
