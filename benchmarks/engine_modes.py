@@ -1,13 +1,15 @@
 """The engine's CPU settings compared on agent-shaped requests: its output layer's weight packed
-once for oneDNN or not (`Engine(packed_weights=...)`), every linear layer packed, and its keys
-and values kept in float32 or in the model's bfloat16 (`Engine(kv_dtype=...)`).
+once for oneDNN or not (`Engine(packed_weights=...)`), every linear layer packed beside its plain
+weight or in place of it (`Engine(swapped_weights=...)`), and its keys and values kept in
+float32 or in the model's bfloat16 (`Engine(kv_dtype=...)`).
 
     python benchmarks/engine_modes.py [--modes plain head all] [--pairs 3] [--rows 4]
         [--tokens 64] [--out F]
 
 Modes: `plain` (nothing packed, float32 cache), `head` (the output layer packed, float32 cache),
 `all` (every linear layer packed, float32 cache), `bf16kv` (the output layer packed, bfloat16
-cache: today's default). Each mode runs in a fresh process, the modes taking turns `--pairs`
+cache), `swapped` (bfloat16 cache, the output layer packed and the other linear layers decoding
+from packed weights alone: today's default). Each mode runs in a fresh process, the modes taking turns `--pairs`
 times (this machine's speed drifts by 20% between minutes, so one run of each says little). A
 run loads the default model in the dtype `mcprl train` picks, submits 4 prompts (a system
 prompt, a calculator question and the calculator's tool block, ~530 tokens) with `--rows`
@@ -27,12 +29,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# mode: (packed_weights, every linear layer packed too, the cache's dtype)
+# mode: (packed_weights, every linear layer packed too, the cache's dtype, swapped_weights)
 MODES = {
-    "plain": (False, False, "float32"),
-    "head": (True, False, "float32"),
-    "all": (True, True, "float32"),
-    "bf16kv": (True, False, None),
+    "plain": (False, False, "float32", False),
+    "head": (True, False, "float32", False),
+    "all": (True, True, "float32", False),
+    "bf16kv": (True, False, None, False),
+    "swapped": (True, False, None, True),
 }
 
 PROBE = """
@@ -42,10 +45,11 @@ from mcprl.serving._chat import render_prompt
 from mcprl.serving._packed import pack_linear
 from tests.test_serving import CALC_TOOLS
 
-packed, every, kv = json.loads(sys.argv[1])
+packed, every, kv, swapped = json.loads(sys.argv[1])
 rows, tokens = int(sys.argv[2]), int(sys.argv[3])
 kv_dtype = getattr(torch, kv) if kv else None
-engine = Engine(load_model(resolve_model()), packed_weights=packed, kv_dtype=kv_dtype)
+engine = Engine(load_model(resolve_model()), packed_weights=packed, swapped_weights=swapped,
+                kv_dtype=kv_dtype)
 extra = 0
 if every:  # on the engine's thread, as the engine packs its own
     layers = [m for m in engine.model.modules() if type(m) is torch.nn.Linear]

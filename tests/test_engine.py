@@ -576,6 +576,34 @@ def test_the_engine_packs_its_output_layer_once_on_cpu(engine):
     assert engine._swapped.layers == []
 
 
+def test_a_bfloat16_layers_adapter_is_multiplied_in_float32_and_rounded_as_peft_rounds(tmp_path):
+    from safetensors.torch import save_file
+
+    from mcprl.serving._lora import ServedAdapters
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32)).to(torch.bfloat16).requires_grad_(False)
+    a, b = torch.randn(4, 64) * 0.1, torch.randn(32, 4) * 0.1
+    save_file(
+        {"base_model.model.0.lora_A.weight": a, "base_model.model.0.lora_B.weight": b},
+        str(tmp_path / "adapter_model.safetensors"),
+    )
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
+    adapters = ServedAdapters(model)
+    adapters.load("a", tmp_path)
+    down, up = model[0].weights["a"]
+    assert down.dtype == up.dtype == torch.float32  # kept in float32 under bfloat16 weights
+    adapters.use("a")
+    x = torch.randn(5, 1, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        served = model(x)
+    # peft: float32 adapter weights, the product added to the base output in float32, rounded
+    base = torch.nn.functional.linear(x, model[0].base.weight, model[0].base.bias)
+    want = (base.float() + (x.float() @ a.t() @ b.t()) * (8 / 4)).to(torch.bfloat16)
+    assert served.dtype == torch.bfloat16
+    assert (served.float() - want.float()).abs().max() <= 2 ** -7 * want.abs().max()
+
+
 def test_swapped_weights_free_the_plain_weight_and_restore_it_bit_for_bit():
     from mcprl.serving._packed import SwappedWeights, packable
 
