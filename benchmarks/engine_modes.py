@@ -9,8 +9,9 @@ float32 or in the model's bfloat16 (`Engine(kv_dtype=...)`).
 Modes: `plain` (nothing packed, float32 cache), `head` (the output layer packed, float32 cache),
 `all` (every linear layer packed, float32 cache), `bf16kv` (the output layer packed, bfloat16
 cache), `swapped` (bfloat16 cache, the output layer packed and the other linear layers decoding
-from packed weights alone: today's default). Each mode runs in a fresh process, the modes taking turns `--pairs`
-times (this machine's speed drifts by 20% between minutes, so one run of each says little). A
+from packed weights alone: today's default). Each mode runs in a fresh process, the modes
+taking turns `--pairs` times (this machine's speed drifts by 20% between minutes, so one run of
+each says little). A
 run loads the default model in the dtype `mcprl train` picks, submits 4 prompts (a system
 prompt, a calculator question and the calculator's tool block, ~530 tokens) with `--rows`
 sampled replies of `--tokens` tokens each, all at once, and reports the engine's wall time, its
