@@ -601,7 +601,7 @@ def test_a_bfloat16_layers_adapter_is_multiplied_in_float32_and_rounded_as_peft_
     base = torch.nn.functional.linear(x, model[0].base.weight, model[0].base.bias)
     want = (base.float() + (x.float() @ a.t() @ b.t()) * (8 / 4)).to(torch.bfloat16)
     assert served.dtype == torch.bfloat16
-    assert (served.float() - want.float()).abs().max() <= 2 ** -7 * want.abs().max()
+    assert (served.float() - want.float()).abs().max() <= 2**-7 * want.abs().max()
 
 
 def test_swapped_weights_free_the_plain_weight_and_restore_it_bit_for_bit():
