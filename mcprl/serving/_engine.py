@@ -214,7 +214,7 @@ class Engine:
             self.run_exclusive(lambda: pack_output_layer(self.model)) if packed_weights else 0
         )
         # and the other linear layers decode from packed weights alone, swapped back to their
-        # plain ones while exclusive work (training) runs (`SwappedWeights`): 1.14x faster
+        # plain ones while exclusive work (training) runs (`SwappedWeights`): 1.15x faster
         # decoding at no cost in memory. Packed at the first step, on the engine's thread.
         if packed_weights and swapped_weights:
             head = self.model.get_output_embeddings()

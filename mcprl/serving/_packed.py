@@ -20,9 +20,11 @@ memory given back; for work that reads the plain weights (a training step: the t
 the served model's weights, `LoraTrainer.share_base_weights`) it is rebuilt from the packed one,
 bit for bit, and packed again when decoding resumes. Packed beside their plain weights, the
 projections made agent-shaped requests 1.14x faster for 0.21 GB more (RESULTS.md, "The output
-layer's weight packed once"); swapped, they cost no memory, and a swap of SmolLM2-135M's 210
-projections takes about 0.1 s each way on a 2-core CPU. Where autograd would need a gradient
-through a layer, the plain `linear` runs.
+layer's weight packed once"); swapped, 1.15x at no cost in memory (RESULTS.md, "The default run
+under 10 minutes alone"), and a swap of SmolLM2-135M's 210 projections takes about 0.1 s each
+way on a 2-core CPU. Decoding steps give the same bits as plain `linear`; prefills, whose inputs
+have hundreds of rows, differ in the last bit of some values (oneDNN picks another kernel).
+Where autograd would need a gradient through a layer, the plain `linear` runs.
 """
 
 from __future__ import annotations
@@ -92,9 +94,9 @@ class SwappedWeights:
     is an error: the layer's forward raises where it would need it, and
     `mcprl.training.LoraTrainer` checks its shared weights before a step; other readers must
     hold the engine (`Engine.run_exclusive`, `Engine.paused()`), which swaps the plain weights
-    back first. `unpack()` restores each plain weight from its packed copy
-    (the same bits) into that same storage, and drops the packed copy. Only the layers this can
-    be done for take part (`swappable`); the others stay as they are."""
+    back first. `unpack()` restores each plain weight from its packed copy (the same bits) into
+    that same storage, and drops the packed copy. Only the layers this can be done for take part
+    (`swappable`); the others stay as they are."""
 
     def __init__(self, model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> None:
         counts: dict[int, int] = {}
@@ -110,11 +112,6 @@ class SwappedWeights:
             and counts.get(m.weight.untyped_storage().data_ptr()) == 1
         ]
         self.packed = False
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the swapped layers' weights (held once, in either form)."""
-        return sum(m.weight.numel() * m.weight.element_size() for m in self.layers)
 
     def pack(self) -> None:
         if self.packed:
