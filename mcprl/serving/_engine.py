@@ -216,9 +216,8 @@ class Engine:
         # and the other linear layers decode from packed weights alone, swapped back to their
         # plain ones while exclusive work (training) runs (`SwappedWeights`): 1.15x faster
         # decoding at no cost in memory. Packed at the first step, on the engine's thread.
-        if packed_weights and swapped_weights:
-            head = self.model.get_output_embeddings()
-            self._swapped = SwappedWeights(self.model, skip=(head,) if head is not None else ())
+        if packed_weights and swapped_weights:  # the output layer, packed above, stays as it is
+            self._swapped = SwappedWeights(self.model)
 
     # -- public ------------------------------------------------------------------------------
 

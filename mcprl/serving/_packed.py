@@ -98,7 +98,7 @@ class SwappedWeights:
     that same storage, and drops the packed copy. Only the layers this can be done for take part
     (`swappable`); the others stay as they are."""
 
-    def __init__(self, model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> None:
+    def __init__(self, model: nn.Module) -> None:
         counts: dict[int, int] = {}
         for _, p in model.named_parameters(remove_duplicate=False):
             key = p.untyped_storage().data_ptr()
@@ -107,7 +107,6 @@ class SwappedWeights:
             m
             for m in model.modules()
             if type(m) is nn.Linear
-            and not any(m is s for s in skip)
             and swappable(m)
             and counts.get(m.weight.untyped_storage().data_ptr()) == 1
         ]
@@ -139,7 +138,9 @@ class SwappedWeights:
 
 def swappable(module: nn.Linear) -> bool:
     """Whether `module`'s weight can be swapped for a packed one (`SwappedWeights`): packable
-    here, frozen, and the only tensor in a storage of its own, so the storage can be freed."""
+    here, frozen, not packed beside its plain weight already (the output layer,
+    `pack_output_layer`), and the only tensor in a storage of its own, so the storage can be
+    freed."""
     weight = module.weight
     return (
         packable(weight.device, weight.dtype)
