@@ -276,41 +276,6 @@ def test_cap_failures_shrinks_only_the_failures_of_a_group_that_mostly_won():
     assert batch[0].advantage == pytest.approx(-batch[-1].advantage)  # after the scale
 
 
-def test_a_guided_attempts_success_does_not_push_down_the_own_attempts_beside_it():
-    # a chain's group: two attempts started after the first reference call (guided: one wins),
-    # two of the policy's own from the task (one made the right first call, reward 0.3)
-    def attempt(reward: float, guided: int, token: int) -> Trajectory:
-        meta = {"guided_calls": str(guided)} if guided else {}
-        return Trajectory(reward=reward, choices=[choice([1], [token])], metadata=meta)
-
-    group = TrajectoryGroup(
-        trajectories=[
-            attempt(1.0, 1, 2),
-            attempt(0.0, 1, 3),
-            attempt(0.3, 0, 4),
-            attempt(0.0, 0, 5),
-        ]
-    )
-    whole, _ = build_sequences([group], scale_rewards="none", baseline_per_start=False)
-    per_start, _ = build_sequences([group], scale_rewards="none", baseline_per_start=True)
-    # against the whole group's mean (0.325) the own attempt with the right first call loses
-    assert [s.advantage for s in whole] == pytest.approx([0.675, -0.325, -0.025, -0.325])
-    # against the own attempts' mean it wins, and the guided ones share theirs
-    assert [s.advantage for s in per_start] == pytest.approx([0.5, -0.5, 0.15, -0.15])
-    # a start whose attempts all scored alike carries no signal of its own
-    tied = TrajectoryGroup(
-        trajectories=[
-            attempt(1.0, 1, 2),
-            attempt(1.0, 1, 3),
-            attempt(0.0, 0, 4),
-            attempt(0.0, 0, 5),
-        ]
-    )
-    _, stats = build_sequences([tied], baseline_per_start=True)
-    assert stats.groups_skipped == 1
-    assert TrainConfig().baseline_per_start  # the default
-
-
 def test_positive_weight_outside_0_1_is_refused_by_name():
     with pytest.raises(ValueError, match="positive_weight"):
         TrainConfig(positive_weight=0)

@@ -338,15 +338,6 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
-        "--no-baseline-per-start",
-        "train.baseline_per_start",
-        "centre a group's rewards on the whole group's mean even where some attempts started "
-        "after reference calls made for them (`--guide`); by default each attempt is compared "
-        "with those that started where it did (benchmarks/RESULTS.md)",
-        const=False,
-        group=TRAINING,
-    ),
-    Setting(
         "--push-down-below",
         "train.push_down_below",
         "a failed attempt's token the policy gives p < P is pushed down with weight p/P (the "

@@ -133,7 +133,6 @@ def build_sequences(
     informative: Informative = "reward",
     call_credit: float = 0.0,
     cap_failures: bool = False,
-    baseline_per_start: bool = False,
 ) -> tuple[list[Sequence], BatchStats]:
     """Training sequences for every group with signal, and what was left out.
 
@@ -142,22 +141,16 @@ def build_sequences(
     that is
     not informative by `informative` (see `mcprl.curriculum.is_informative`) is skipped, and
     its rewards take no part in a batch's scale, unless `call_credit` gives its turns credit
-    that differs (module docstring). With `baseline_per_start`, an attempt's advantage is
-    its reward less the mean of the group's attempts that started after as many calls made for
-    them (`group_advantages`)."""
+    that differs (module docstring)."""
     stats = BatchStats()
     sequences: list[Sequence] = []
     usable_of = [
         [t for t in group.trajectories if t.trainable and t.reward is not None] for group in groups
     ]
     signal = [is_informative(group, informative) for group in groups]
-    starts = [[int(t.metadata.get("guided_calls", 0)) for t in u] for u in usable_of]
     all_advantages = batch_advantages(
         [[t.reward for t in u] if s else [] for u, s in zip(usable_of, signal, strict=True)],
         scale=scale_rewards,
-        starts=[k if s else [] for k, s in zip(starts, signal, strict=True)]
-        if baseline_per_start
-        else None,
     )
     for group, usable, advantages in zip(groups, usable_of, all_advantages, strict=True):
         stats.groups += 1

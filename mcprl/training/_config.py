@@ -66,14 +66,6 @@ class TrainConfig(BaseModel):
         "to the winners' size (a 7-of-8 group's lone failure otherwise weighs 7 winners). "
         "Groups that mostly failed, where a task is being learned, are left as they are",
     )
-    baseline_per_start: bool = Field(
-        default=True,
-        description="centre a group's rewards on the mean of the attempts that started where "
-        "each did (after as many reference calls made for them: guided attempts), not on the "
-        "whole group's: a guided attempt starts nearer the answer, and against its successes "
-        "the policy's own attempts, right first calls included, would be pushed down. Changes "
-        "nothing in a group whose attempts all start at the task",
-    )
     push_down_below: float = Field(
         default=0.0,
         ge=0,

@@ -46,48 +46,24 @@ __all__ = [
 ]
 
 
-def group_advantages(
-    rewards: list[float], scale: bool = True, starts: list[int] | None = None
-) -> list[float] | None:
-    """Advantages for one group, or None when every reward is equal (no signal).
-
-    With `starts` (one key per attempt: how many reference calls the loop made for it before
-    the policy's first turn, `RolloutConfig.guided_calls`), each reward is centred on the mean
-    of the attempts that started where it did, not on the whole group's: an attempt started
-    after the chain's first call succeeds more often than one started at the task, so against
-    the group's mean every attempt of the policy's own would be pushed down, its right first
-    calls too. The scale is then the std of those centred values (one degree of freedom less
-    a start)."""
+def group_advantages(rewards: list[float], scale: bool = True) -> list[float] | None:
+    """Advantages for one group, or None when every reward is equal (no signal)."""
     if len(rewards) < 2 or max(rewards) - min(rewards) < 1e-9:
         return None
-    keys = starts if starts is not None else [0] * len(rewards)
-    by_start: dict[int, list[float]] = {}
-    for key, r in zip(keys, rewards, strict=True):
-        by_start.setdefault(key, []).append(r)
-    means = {key: sum(rs) / len(rs) for key, rs in by_start.items()}
-    centred = [r - means[key] for key, r in zip(keys, rewards, strict=True)]
-    if max(abs(c) for c in centred) < 1e-9:
-        return None
+    mean = sum(rewards) / len(rewards)
+    centred = [r - mean for r in rewards]
     if not scale:
         return centred
-    dof = max(len(rewards) - len(by_start), 1)
-    std = math.sqrt(sum(c * c for c in centred) / dof)
+    std = math.sqrt(sum(c * c for c in centred) / (len(rewards) - 1))
     return [c / (std + 1e-6) for c in centred]
 
 
 def batch_advantages(
-    groups: list[list[float]],
-    scale: ScaleRewards = "group",
-    starts: list[list[int]] | None = None,
+    groups: list[list[float]], scale: ScaleRewards = "group"
 ) -> list[list[float] | None]:
     """Advantages for each group's rewards (None for a group without signal), scaled per group,
-    by the std over the whole batch's groups with signal, or not at all; with `starts`, each
-    group's rewards centred per start (`group_advantages`)."""
-    keys = starts if starts is not None else [None] * len(groups)
-    out = [
-        group_advantages(r, scale=scale == "group", starts=k)
-        for r, k in zip(groups, keys, strict=True)
-    ]
+    by the std over the whole batch's groups with signal, or not at all."""
+    out = [group_advantages(r, scale=scale == "group") for r in groups]
     if scale != "batch":
         return out
     centred = [a for adv in out if adv is not None for a in adv]

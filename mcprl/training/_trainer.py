@@ -164,7 +164,6 @@ class LoraTrainer:
             informative=config.informative,
             call_credit=config.call_credit,
             cap_failures=config.cap_failures,
-            baseline_per_start=config.baseline_per_start,
         )
         metrics = _reward_metrics(stats)
         if not sequences:
