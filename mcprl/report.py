@@ -146,7 +146,8 @@ def _settings(run_dir: Path, info: dict[str, Any]) -> str:
             f"KL beta {train.get('beta')}, scale rewards {train.get('scale_rewards')}, "
             f"positive weight {train.get('positive_weight', 1.0)}, "
             f"push down below {train.get('push_down_below', 0.0)}, "
-            f"cap failures {train.get('cap_failures', False)}",
+            f"cap failures {train.get('cap_failures', False)}, "
+            f"solved failures x{train.get('solved_failure_weight', 1.0)}",
         ),
         ("LoRA", f"r {lora.get('r')}, alpha {lora.get('alpha')}"),
         (

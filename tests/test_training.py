@@ -274,6 +274,13 @@ def test_cap_failures_shrinks_only_the_failures_of_a_group_that_mostly_won():
     assert [s.advantage for s in capped[8:]] == [s.advantage for s in plain[8:]]  # 1 of 8
     batch, _ = build_sequences([group(6)], scale_rewards="batch", cap_failures=True)
     assert batch[0].advantage == pytest.approx(-batch[-1].advantage)  # after the scale
+    winners_only, _ = build_sequences(
+        [group(7), group(1)], scale_rewards="none", cap_failures=True, solved_failure_weight=0
+    )
+    assert [s.advantage for s in winners_only[:8]] == pytest.approx([0.125] * 7 + [0.0])
+    assert [s.advantage for s in winners_only[8:]] == [s.advantage for s in plain[8:]]
+    halved, _ = build_sequences([group(6)], scale_rewards="none", solved_failure_weight=0.5)
+    assert [s.advantage for s in halved[6:]] == pytest.approx([-0.375, -0.375])  # no cap
 
 
 def test_positive_weight_outside_0_1_is_refused_by_name():

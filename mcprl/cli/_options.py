@@ -338,6 +338,16 @@ RUN = [
         group=TRAINING,
     ),
     Setting(
+        "--solved-failure-weight",
+        "train.solved_failure_weight",
+        "weight of the failures of a group that mostly won, in [0, 1] (default {default}): "
+        "0 trains such a group on its winners alone, so a solved kind's slips cannot squeeze "
+        "the policy, while groups that mostly failed keep their full push "
+        "(benchmarks/RESULTS.md)",
+        group=TRAINING,
+        metavar="W",
+    ),
+    Setting(
         "--push-down-below",
         "train.push_down_below",
         "a failed attempt's token the policy gives p < P is pushed down with weight p/P (the "

@@ -133,15 +133,15 @@ def build_sequences(
     informative: Informative = "reward",
     call_credit: float = 0.0,
     cap_failures: bool = False,
+    solved_failure_weight: float = 1.0,
 ) -> tuple[list[Sequence], BatchStats]:
     """Training sequences for every group with signal, and what was left out.
 
     Positive advantages are multiplied by `positive_weight` and negative ones by
-    `negative_weight` (after scaling, and after `cap_failures`: `failures_capped`). A group
-    that is
-    not informative by `informative` (see `mcprl.curriculum.is_informative`) is skipped, and
-    its rewards take no part in a batch's scale, unless `call_credit` gives its turns credit
-    that differs (module docstring)."""
+    `negative_weight` (after scaling, and after `cap_failures` and `solved_failure_weight`:
+    `failures_capped`). A group that is not informative by `informative` (see
+    `mcprl.curriculum.is_informative`) is skipped, and its rewards take no part in a batch's
+    scale, unless `call_credit` gives its turns credit that differs (module docstring)."""
     stats = BatchStats()
     sequences: list[Sequence] = []
     usable_of = [
@@ -164,8 +164,8 @@ def build_sequences(
             stats.groups_skipped += 1
             continue
         index = stats.groups - stats.groups_skipped - 1
-        if cap_failures:
-            advantages = failures_capped(advantages)
+        if cap_failures or solved_failure_weight < 1:
+            advantages = failures_capped(advantages, cap_failures, solved_failure_weight)
         for traj, adv, bonus in zip(usable, advantages, bonuses, strict=True):
             adv *= positive_weight if adv > 0 else negative_weight
             for seq in _sequences_of(traj, adv, bonus):

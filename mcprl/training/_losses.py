@@ -73,18 +73,23 @@ def batch_advantages(
     return [None if adv is None else [a / (std + 1e-6) for a in adv] for adv in out]
 
 
-def failures_capped(advantages: list[float]) -> list[float]:
-    """`advantages` with its failures pushed down no harder than its winners are pulled up:
-    where the most negative advantage is larger in size than the most positive one, every
-    negative one is shrunk by the same factor to fit (`TrainConfig.cap_failures`). Centred
-    advantages of k wins in n attempts are (n-k)/n and -k/n, so a group that mostly won gives
-    each failure k/(n-k) times a winner's push: 7 in a 7-of-8 group, 1/7 in a 1-of-8 one,
-    which the cap leaves alone."""
+def failures_capped(
+    advantages: list[float], cap: bool = True, weight: float = 1.0
+) -> list[float]:
+    """`advantages` with the failures of a group that mostly won pushed down less.
+
+    A group mostly won where its most negative advantage is larger in size than its most
+    positive one. Centred advantages of k wins in n attempts are (n-k)/n and -k/n, so such a
+    group gives each failure k/(n-k) times a winner's push: 7 in a 7-of-8 group, 1/7 in a
+    1-of-8 one, which is left alone. With `cap` every negative advantage is shrunk by the same
+    factor to the winners' size (`TrainConfig.cap_failures`); then each is multiplied by
+    `weight` (`TrainConfig.solved_failure_weight`; 0 trains the group on its winners alone)."""
     top = max((a for a in advantages if a > 0), default=0.0)
     bottom = -min((a for a in advantages if a < 0), default=0.0)
     if bottom <= top or top == 0.0:
         return advantages
-    return [a * top / bottom if a < 0 else a for a in advantages]
+    factor = (top / bottom if cap else 1.0) * weight
+    return [a * factor if a < 0 else a for a in advantages]
 
 
 @dataclass(frozen=True)

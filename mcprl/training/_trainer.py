@@ -164,6 +164,7 @@ class LoraTrainer:
             informative=config.informative,
             call_credit=config.call_credit,
             cap_failures=config.cap_failures,
+            solved_failure_weight=config.solved_failure_weight,
         )
         metrics = _reward_metrics(stats)
         if not sequences:
