@@ -73,9 +73,7 @@ def batch_advantages(
     return [None if adv is None else [a / (std + 1e-6) for a in adv] for adv in out]
 
 
-def failures_capped(
-    advantages: list[float], cap: bool = True, weight: float = 1.0
-) -> list[float]:
+def failures_capped(advantages: list[float], cap: bool = True, weight: float = 1.0) -> list[float]:
     """`advantages` with the failures of a group that mostly won pushed down less.
 
     A group mostly won where its most negative advantage is larger in size than its most
