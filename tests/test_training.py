@@ -521,6 +521,29 @@ def test_gradient_accumulation_equals_one_full_batch(base_path):
 
 
 @pytest.mark.slow
+def test_a_failure_left_out_of_a_solved_group_is_not_run_and_the_gradient_is_unchanged(base_path):
+    """At solved_failure_weight 0 the failure of a group that mostly won has no advantage: the
+    step does not run it, and its gradient is the one that running it with a vanishing weight
+    gives (its tokens still count in the normalisation)."""
+    grads, metrics = [], []
+    for weight in (1e-12, 0.0):
+        torch.manual_seed(0)
+        trainer = LoraTrainer(base_path)
+        prompt = trainer.tokenizer.encode("Hello there, how are you?")
+        group = _on_policy_group(
+            trainer, prompt, [[11, 12, 13], [14, 15], [16, 17, 18, 19]], [1.0, 1.0, 0.0]
+        )
+        config = TrainConfig(
+            max_grad_norm=None, learning_rate=1e-9, cap_failures=True, solved_failure_weight=weight
+        )
+        metrics.append(trainer.step([group], config))
+        grads.append(_seen_gradient(trainer))
+    _assert_same_gradient(grads[1], grads[0])
+    assert [m["trained_tokens"] for m in metrics] == [9, 9]
+    assert [m["idle_tokens"] for m in metrics] == [0, 4]  # the failure's four tokens
+
+
+@pytest.mark.slow
 def test_a_step_on_cpu_hands_freed_memory_back_after_every_micro_batch(base_path, monkeypatch):
     """glibc would keep what each micro-batch freed (a default run's process grew 1.5 GB within
     one step while its memory in use stayed flat), so the trainer trims after each one."""

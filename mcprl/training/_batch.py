@@ -59,6 +59,12 @@ class Sequence:
     def trained_tokens(self) -> int:
         return sum(self.mask)
 
+    @property
+    def pushes(self) -> bool:
+        """Whether the policy loss moves the policy on it: with no advantage and no credit per
+        call every loss variant gives it a loss of zero and no gradient."""
+        return self.advantage != 0 or any(self.bonus or ())
+
 
 @dataclass
 class BatchStats:

@@ -179,10 +179,17 @@ class LoraTrainer:
         loss_fn = LOSSES[config.loss](config.eps_low, config.eps_high)
         self.model.train()
         totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0, "abs_logprob_drift": 0.0}
-        plan = []
+        plan, ran = [], 0
         for part in split_by_group(sequences, config.updates_per_step):
             tokens = sum(s.trained_tokens for s in part)
             norm = Normalizer(config.normalization, tokens, len(part), config.fixed_length)
+            # a sequence that pushes nothing (a solved kind's failure at solved_failure_weight
+            # 0) adds nothing to the loss, nor without a KL term to the gradient: counted in the
+            # normalisation, as it always was, and not run
+            part = [s for s in part if s.pushes or config.beta > 0]
+            if not part:
+                continue
+            ran += sum(s.trained_tokens for s in part)
             batches = micro_batches(
                 part,
                 config.token_budget,
@@ -256,17 +263,18 @@ class LoraTrainer:
         # glibc keeps the step's freed activations: after a default calculator step on CPU the
         # process still held 9.9 GB, and 1.0 GB after trimming
         return_freed_memory()
-        tokens = max(stats.trained_tokens, 1)
+        tokens = max(ran, 1)
         metrics.update(
             loss=totals["loss"],
             kl=totals["kl"],
             clip_fraction=totals["clipped"] / tokens,
             abs_logprob_drift=totals["abs_logprob_drift"] / tokens,
-            grad_norm=sum(norms) / len(norms),
+            grad_norm=sum(norms) / max(len(norms), 1),
             updates=float(len(norms)),
             learning_rate=config.learning_rate,
             trained_tokens=float(stats.trained_tokens),
             sequences=float(stats.sequences),
+            idle_tokens=float(stats.trained_tokens - ran),
             time_train_s=time.perf_counter() - started,
         )
         return metrics
