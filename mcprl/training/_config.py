@@ -67,14 +67,15 @@ class TrainConfig(BaseModel):
         "Groups that mostly failed, where a task is being learned, are left as they are",
     )
     solved_failure_weight: float = Field(
-        default=1.0,
+        default=0.0,
         ge=0,
         le=1,
         description="weight of the failures of a group that mostly won, after `cap_failures`: "
-        "0 trains such a group on its winners alone. A solved kind's failures are mostly "
-        "temperature-1 slips (a misspelt title); pushing their rare tokens down squeezes the "
-        "probability onto the policy's likeliest tokens everywhere (`negative_weight`), while "
-        "the groups that mostly failed, where a kind is being learned, keep their full push",
+        "0 (the default) trains such a group on its winners alone. A solved kind's failures "
+        "are mostly temperature-1 slips (a misspelt title); pushing their rare tokens down "
+        "squeezes the probability onto the policy's likeliest tokens everywhere "
+        "(`negative_weight`), while the groups that mostly failed, where a kind is being "
+        "learned, keep their full push. 1: GRPO's push after the cap",
     )
     push_down_below: float = Field(
         default=0.0,
