@@ -83,7 +83,7 @@ def test_report_shows_settings_trainer_metrics_and_each_attempts_outcome(run_dir
     assert "<td>LoRA</td><td>r 8, alpha 16</td>" in html
     assert "<td>steps</td><td>3</td>" in html
     assert "<td>learning rate</td><td>0.002, linear</td>" in html
-    assert "push down below 0.05, cap failures True, solved failures x1.0</td>" in html
+    assert "push down below 0.05, cap failures True, solved failures x0.0</td>" in html
     assert "stop: called complete_task · answer 2 + 3 = 5 · reference 5" in html
     assert "answer It is 6, I think · reference 5 · exploring: first call add, chosen by" in html
     assert "<td>sampling</td><td>fresh, oversample 1.5, explore 0.5</td>" in html
