@@ -193,6 +193,14 @@ class RunConfig(BaseModel):
         "without and 38 at seed 1 against 60; on the notes server 7 against 22; L200-L212). "
         "0 disables",
     )
+    guide_groups: int = Field(
+        default=0,
+        ge=0,
+        description="with guide on, at most this many of a step's groups start guided, in "
+        "the order drawn (stand-ins included); a chain drawn after them starts as without "
+        "the guide (explored, demonstrated), so the kinds that need no guide keep their share "
+        "of the step. 0: no limit",
+    )
     hindsight: int = Field(
         default=0,
         ge=0,
@@ -967,7 +975,12 @@ class TrainingRun:
         # time would give from these draws, and seeds follow each draw's place in the order
         drawn = self.sampler.draw(budget, step=step)
         seed = config.seed + step * 1_000_000  # every attempt of the step has its own seed
-        starts = [self._starts(s, seed + i) for i, s in enumerate(drawn)]
+        starts: list[list[dict[str, Any]]] = []
+        guided = 0  # groups started guided: at most `guide_groups` (0: any number)
+        for i, s in enumerate(drawn):
+            guide = not config.guide_groups or guided < config.guide_groups
+            starts.append(self._starts(s, seed + i, guide=guide))
+            guided += any("guided_calls" in start for start in starts[-1])
         judging = {"groups": 0, "since": 0.0, "s": 0.0}  # the time any group is being judged
 
         async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
@@ -1113,18 +1126,18 @@ class TrainingRun:
         )
         return len(new)
 
-    def _starts(self, scenario: Scenario, seed: int) -> list[dict[str, Any]]:
+    def _starts(self, scenario: Scenario, seed: int, guide: bool = True) -> list[dict[str, Any]]:
         """How the first attempts at `scenario` start (`collect_groups(starts=)`): at a chain
-        of calls with `guide` on, until an attempt of the policy's own solves its kind (from
-        its first draw), after the reference's first calls (`guided_calls`, drawn by the
-        sampler); else as the policy chooses unless its kind is unsolved, and then each with a
-        different tool the agent is offered (`explore`): the reference's first tool where the
-        scenario has reference calls and no demonstration starts with it, the others by a
-        seeded draw."""
+        of calls with `guide` on (and `guide` here: the step has room for another guided
+        group), until an attempt of the policy's own solves its kind (from its first draw),
+        after the reference's first calls (`guided_calls`, drawn by the sampler); else as the
+        policy chooses unless its kind is unsolved, and then each with a different tool the
+        agent is offered (`explore`): the reference's first tool where the scenario has
+        reference calls and no demonstration starts with it, the others by a seeded draw."""
         rng = random.Random(seed)
         attempts = self.config.rollouts_per_group
         chain = scenario.reference.calls if scenario.reference is not None else []
-        if self.config.guide > 0 and len(chain) >= 2:
+        if guide and self.config.guide > 0 and len(chain) >= 2:
             if self.sampler.solved(scenario):
                 return []
             n = math.ceil(self.config.guide * attempts)

@@ -940,6 +940,34 @@ async def test_an_unsolved_chain_gets_guided_attempts_from_its_first_draw(tmp_pa
     assert f"{2 - demonstrate} attempt{'s' if demonstrate == 0 else ''} guided" in said[-1]
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(("cap", "guided_groups"), [(0, 2), (1, 1)])
+async def test_guide_groups_caps_the_guided_groups_of_a_step(tmp_path, cap, guided_groups):
+    """Two unsolved chains drawn in one step: with `guide_groups=1` only the first drawn is
+    guided; the other starts as without the guide (the policy alone, which fails it)."""
+    from mcprl.rollout import RolloutConfig
+
+    scenarios = ScenarioSet([_chain("c0"), _chain("c1"), _scenario("val")])
+    for s, split in zip(scenarios.scenarios, ["train", "train", "val"], strict=True):
+        s.split = split
+    with LocalChatServer(_finishes_only_what_it_is_shown) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = RunConfig(steps=1, groups_per_step=2, rollouts_per_group=4, oversample=1,
+                           eval_every=0, reward="reference", write_report=False, guide=0.5,
+                           guide_groups=cap, demonstrate=0,
+                           rollout=RolloutConfig(examples=0))  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        await run._step(_summary(run))
+    row = backend.rows[-1]
+    assert row["train/attempts_guided"] == 2 * guided_groups
+    assert row["train/groups_trained"] == guided_groups  # an unguided chain's group ties at 0
+    groups = backend.trained[-1]
+    guided = [sum("guided_calls" in t.metadata for t in g.trajectories) for g in groups]
+    assert guided == [2] * guided_groups + [0] * (2 - guided_groups)  # the trained, then the tied
+
+
 def _calls_then_answers(tool: dict[str, str]):
     """A policy that calls `tool["name"]` with 2 and 3 and then answers 5."""
 

@@ -200,6 +200,12 @@ RUN = [
         "calculator's chains and cost the catalog and the notes server, see RESULTS.md)",
     ),
     Setting(
+        "--guide-groups",
+        "guide_groups",
+        "with --guide, at most N of a step's groups start guided; chains drawn after them "
+        "start as without it (default {default}: no limit; see RESULTS.md)",
+    ),
+    Setting(
         "--hindsight",
         "hindsight",
         "after each step, add at most this many tasks that a failed attempt's chain of 2+ "
