@@ -188,10 +188,11 @@ class RunConfig(BaseModel):
         "solved (from its first draw on), this share of a group's attempts start with the "
         "reference's first calls made for them (how many: a draw that falls as the kind gets "
         "solved), so the policy practises the call after them; such a chain is guided instead "
-        "of explored (0.5 on the calculator, four training seeds: chains 14 -> 51 of 160 held "
-        "out, L197-L198; on the catalog, 39 and 42 of 96 held out at seed 0 against 56 "
-        "without and 38 at seed 1 against 60; on the notes server 7 against 22; L200-L212). "
-        "0 disables",
+        "of explored (0.5, with a solved kind's failures left out as by default: on the "
+        "calculator, four training seeds, chains 14 -> 53 of 160 held out; on the catalog 69 "
+        "and 62 of 96 against 56 and 60 without at seeds 0 and 1; on the notes server 16 "
+        "against 22, a check that does not read what was written; L222-L232 in "
+        "benchmarks/RESULTS.md). 0 disables",
     )
     guide_groups: int = Field(
         default=0,
