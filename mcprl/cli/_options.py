@@ -197,7 +197,7 @@ RUN = [
         "at a chain of 2+ calls the model's own attempts have not solved (from its first "
         "draw), this share of a group's attempts start with the reference's first calls made "
         "for them, fewer as the chain gets solved (default {default}: off; 0.5 taught the "
-        "calculator's chains and cost the catalog and the notes server, see RESULTS.md)",
+        "calculator's and the catalog's chains, see RESULTS.md)",
     ),
     Setting(
         "--guide-groups",
