@@ -29,7 +29,10 @@
   right answer without a successful call of each tool the reference calls (one whose result is
   no error, flagged or written out as "Database error: …", and not empty, as `[]`) is a guess:
   it scores as a wrong one, and counts in `guessed_answer`. A yes or no, or a small count, is
-  otherwise right by luck often enough to train the habit of answering without looking.
+  otherwise right by luck often enough to train the habit of answering without looking. A
+  reference call that writes (`ReferenceCall.match`: a note's title and text, as the task names
+  them) counts only from a call that carries those values: a note saved under a made-up title,
+  then counted, is no success.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
   reward from references, RULER, or both with weights, and records the parts as metrics
   (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
@@ -69,6 +72,7 @@ from mcprl.scenarios import (
     Scenario,
     equals_as_written,
     normalize,
+    same_text,
     written_precision,
 )
 from mcprl.types import Trajectory, TrajectoryGroup
@@ -378,10 +382,12 @@ def result_values(text: str, limit: int = 64) -> list[str]:
 
 def _called_tools(calls: _Calls, reference: Reference) -> bool:
     """The attempt called each tool the reference calls at least once, with a result that is
-    no error (any arguments). An empty result (`[]`) found nothing: it bears out a "no" or a 0,
-    and no other answer, and only from the reference's own call (same tool and arguments):
-    `describe_table` of a table that does not exist returns `[]`, and a "yes" after it is
-    still a guess, as is a "no" after asking about some other table."""
+    no error (any arguments, but those a reference call's `match` names: a write counts only
+    when it wrote what the task asks, each such call by a call of its own). An empty result
+    (`[]`) found nothing: it bears out a "no" or a 0, and no other answer, and only from the
+    reference's own call (same tool and arguments): `describe_table` of a table that does not
+    exist returns `[]`, and a "yes" after it is still a guess, as is a "no" after asking about
+    some other table."""
     nothing = _finds_nothing(reference.answer or "")
     tolerance = _argument_tolerance(reference)
 
@@ -390,8 +396,26 @@ def _called_tools(calls: _Calls, reference: Reference) -> bool:
             return True
         return nothing and any(_is_call(name, args, ref, tolerance) for ref in reference.calls)
 
-    called = {name for name, args, text in calls if text is not None and looked(name, args, text)}
-    return all(c.tool in called for c in reference.calls)
+    ok = [(n, a) for n, a, text in calls if text is not None and looked(n, a, text)]
+    called = {name for name, _ in ok}
+    if not all(c.tool in called for c in reference.calls):
+        return False
+    left = list(ok)  # each matched write stands for one reference call
+    for ref in (c for c in reference.calls if c.match):
+        hit = next((i for i, (n, a) in enumerate(left) if _carries(n, a, ref)), None)
+        if hit is None:
+            return False
+        left.pop(hit)
+    return True
+
+
+def _carries(name: str, args: Any, ref: ReferenceCall) -> bool:
+    """A call of the reference call's tool with the values of the arguments its `match` names."""
+    return (
+        name == ref.tool
+        and isinstance(args, dict)
+        and all(same_text(args.get(key), ref.arguments[key]) for key in ref.match)
+    )
 
 
 def _finds_nothing(answer: str) -> bool:

@@ -22,8 +22,14 @@ import anyio
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 
-from mcprl.mcp import open_session  # noqa: E402
-from mcprl.scenarios import Reference, ReferenceCall, Scenario, ScenarioSet  # noqa: E402
+from mcprl.mcp import open_session, tool_access, tool_info  # noqa: E402
+from mcprl.scenarios import (  # noqa: E402
+    Reference,
+    ReferenceCall,
+    Scenario,
+    ScenarioSet,
+    named_arguments,
+)
 
 Call = tuple[str, dict[str, Any]]
 # A template returns (task text, difficulty, calls, pick) where pick reads the answer off the
@@ -350,6 +356,11 @@ async def _scenario(name: str, drawn: tuple) -> Scenario:
     results: list[Any] = []
     ref_calls = []
     async with open_session(f"example:{name}") as session:
+        writes = {
+            t.name
+            for t in map(tool_info, await session.list_tools())
+            if tool_access(t)[0] == "write"
+        }
         for tool, args in calls:
             args = _resolve(args, results)
             result = await session.call_tool(tool, args)
@@ -358,7 +369,11 @@ async def _scenario(name: str, drawn: tuple) -> Scenario:
             results.append(
                 json.loads(result.text) if result.text[:1] in "{[" else float(result.text)
             )
-            ref_calls.append(ReferenceCall(tool=tool, arguments=args, result=result.text))
+            # a write counts only with what the task asks written (a note's title and text)
+            match = named_arguments(task, args) if tool in writes else None
+            ref_calls.append(
+                ReferenceCall(tool=tool, arguments=args, result=result.text, match=match)
+            )
     answer = pick(results)
     digest = hashlib.sha256(task.encode()).hexdigest()[:8]
     return Scenario(

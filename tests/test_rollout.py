@@ -10,6 +10,7 @@ from itertools import count
 import anyio
 import pytest
 from openai.types.chat import ChatCompletion
+from pydantic import ValidationError
 
 from mcprl import (
     GatherError,
@@ -25,7 +26,14 @@ from mcprl import (
 from mcprl.mcp import open_session
 from mcprl.rewards import answer_matches, calls_matched, reference_reward, scorer
 from mcprl.rollout import answer_type, solve_examples, turn_budget
-from mcprl.scenarios import Reference, ReferenceCall, Scenario
+from mcprl.scenarios import (
+    Reference,
+    ReferenceCall,
+    Scenario,
+    ScenarioSet,
+    bundled_scenarios,
+    named_arguments,
+)
 from tests.helpers import (
     EXAMPLES,
     LocalChatServer,
@@ -728,6 +736,72 @@ def test_a_right_guess_about_the_servers_data_is_not_a_success():
     elsewhere = attempt([("describe_table", {"table_name": "order"}, "[]")], "no")
     assert reward_parts(elsewhere, absent).answer == 0.0
     assert reward_parts(elsewhere, absent).guessed == 1.0
+
+
+def test_a_write_counts_only_when_it_wrote_what_the_task_asks():
+    """A note saved under a made-up title, then counted, answers the count but wrote nothing the
+    task asked: where a reference call `match`es arguments (a write's title and text, as the task
+    names them), only a call that carries those values counts, each such call by one of its own.
+    The same call with other arguments still earns the call's partial credit."""
+    from mcprl.rewards import reward_parts
+
+    task = 'Create a note "Dentist" (Tuesday 3pm) and a note "Garden" (water the basil). How many?'
+
+    def create(title: str, body: str) -> ReferenceCall:
+        args = {"title": title, "body": body, "tags": ["health"]}
+        return ReferenceCall(tool="create_note", arguments=args, match=named_arguments(task, args))
+
+    chain = Scenario(
+        id="two-notes",
+        task=task,
+        difficulty=3,
+        reference=Reference(
+            answer="2",
+            calls=[
+                create("Dentist", "Tuesday 3pm"),
+                create("Garden", "water the basil"),
+                ReferenceCall(tool="list_notes", arguments={}),
+            ],
+            needs_calls=True,
+        ),
+    )
+    # the task names the title and the text; the tags and ids are not the task's to check
+    assert chain.reference.calls[0].match == ["title", "body"]
+    assert named_arguments("Delete note 1", {"note_id": 1, "tags": ["work"]}) == []
+
+    def note(title: str, body: str) -> tuple[str, dict, str]:
+        return "create_note", {"title": title, "body": body}, '{"id": 1}'
+
+    listed = ("list_notes", {}, '{"count": 2}')
+    as_asked = _attempt(
+        task, [note("dentist ", "Tuesday  3pm"), note("Garden", "water the basil"), listed], "2"
+    )
+    made_up = _attempt(
+        task, [note("car service", "oil"), note("Garden", "water the basil"), listed], "2"
+    )
+    one_twice = _attempt(task, [note("Garden", "water the basil")] * 2 + [listed], "2")
+    right = reward_parts(as_asked, chain)  # case and spacing aside, what the task names
+    assert right.answer == 1.0 and right.reward == 1.0 and right.guessed == 0.0
+    for attempt in (made_up, one_twice):
+        parts = reward_parts(attempt, chain)
+        assert parts.answer == 0.0 and parts.guessed == 1.0 and parts.reward < 1.0
+    # without `match` (any arguments: the check before writes were read) the made-up title passed
+    loose = chain.model_copy(deep=True)
+    for c in loose.reference.calls:
+        c.match = None
+    assert reward_parts(made_up, loose).answer == 1.0
+    # a match naming an argument the call lacks is a mistake in the scenario, said as such
+    with pytest.raises(ValidationError, match="match names title, which delete_note"):
+        ReferenceCall(tool="delete_note", arguments={"note_id": 1}, match=["title"])
+
+
+def test_the_bundled_notes_writes_check_what_they_write():
+    """Every note the bundled notes tasks create is checked by its title and text."""
+    notes = ScenarioSet.load(bundled_scenarios("example:notes"))
+    creates = [c for s in notes for c in s.reference.calls if c.tool == "create_note"]
+    assert creates and all(c.match == ["title", "body"] for c in creates)
+    reads = [c for s in notes for c in s.reference.calls if c.tool in ("list_notes", "get_note")]
+    assert reads and all(c.match is None for c in reads)
 
 
 def test_reference_answers_numbers_and_text():

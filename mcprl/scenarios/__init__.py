@@ -34,7 +34,9 @@ from mcprl.scenarios._types import (
     ScenarioSet,
     bundled_scenarios,
     has_reference,
+    named_arguments,
     question_kind,
+    same_text,
 )
 
 __all__ = [
@@ -57,9 +59,11 @@ __all__ = [
     "grounded_with_notes",
     "has_reference",
     "hidden_writers",
+    "named_arguments",
     "normalize",
     "question_kind",
     "reword_tasks",
+    "same_text",
     "scenario_count",
     "scenarios_for",
     "written_precision",

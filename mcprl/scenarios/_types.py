@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mcprl.errors import ScenarioFileError, UsageError
 from mcprl.types import text_lines
@@ -29,6 +29,45 @@ class ReferenceCall(BaseModel):
     tool: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     result: str | None = None
+    match: list[str] | None = Field(
+        default=None,
+        description="arguments whose values an attempt's call of this tool must carry for the "
+        "reference's `needs_calls` (strings compared ignoring case and spacing): what a write "
+        "must write, as the task names it (a note's title and text; `named_arguments`); "
+        "None: any arguments",
+    )
+
+    @model_validator(mode="after")
+    def _match_names_arguments(self) -> ReferenceCall:
+        unknown = [name for name in self.match or () if name not in self.arguments]
+        if unknown:
+            raise ValueError(
+                f"match names {', '.join(unknown)}, which {self.tool}'s reference arguments "
+                f"lack (they are {', '.join(self.arguments) or 'none'}); list only argument "
+                "names the call has"
+            )
+        return self
+
+
+def same_text(a: Any, b: Any) -> bool:
+    """Two strings that read the same: equal ignoring case, spacing at either end and runs of
+    spaces inside. Anything else: equal."""
+    if isinstance(a, str) and isinstance(b, str):
+        return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
+    return a == b
+
+
+def named_arguments(task: str, arguments: dict[str, Any]) -> list[str]:
+    """The arguments whose string values the task's text names (ignoring case and spacing): for
+    a call that writes, what the task asks to be written, so the attempt's call must carry them
+    (`ReferenceCall.match`). A number or a list is left out: a note's id is the server's
+    choice, and a list the task names part of is not the task's to check."""
+    text = " ".join(task.casefold().split())
+    return [
+        name
+        for name, value in arguments.items()
+        if isinstance(value, str) and value.strip() and " ".join(value.casefold().split()) in text
+    ]
 
 
 class Reference(BaseModel):
@@ -46,8 +85,9 @@ class Reference(BaseModel):
     needs_calls: bool = Field(
         default=False,
         description="a right answer counts only when the attempt also called every tool the "
-        "calls name (any arguments, a result that is not an error): for answers about the "
-        "server's data, which a guess could hit (a yes or no, a small count)",
+        "calls name (a result that is not an error; any arguments but those a call's `match` "
+        "names): for answers about the server's data, which a guess could hit (a yes or no, a "
+        "small count)",
     )
 
 
