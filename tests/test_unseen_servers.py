@@ -13,7 +13,7 @@ import pytest
 
 from mcprl.errors import MCPServerStartError, ScenarioGenerationError, ServerSpecError
 from mcprl.mcp import ServerSpec, ToolInfo, inspect_server, looks_like_error, tool_access
-from mcprl.scenarios import build_grounded
+from mcprl.scenarios import build_grounded, named_arguments
 from mcprl.scenarios._sampling import described_examples
 from tests.helpers import served
 
@@ -113,11 +113,18 @@ async def test_writing_tools_are_never_called_without_allow_writes(tmp_path):
 async def test_allow_writes_calls_them(tmp_path):
     (tmp_path / "a.txt").write_text("hello")
     spec = f"SANDBOX_DIR={tmp_path} {PY} {SERVERS / 'files.py'}"
-    _, report = await build_grounded(spec, 4, seed=0, allow_writes=True, max_attempts=30)
+    scenarios, report = await build_grounded(spec, 4, seed=0, allow_writes=True, max_attempts=30)
     called = {
         json.loads(line)["tool"] for line in (tmp_path / "calls.log").read_text().splitlines()
     }
     assert called & {"write_file", "delete_file"} and not report.skipped_tools
+    # a write in a reference counts only with the values its task names; a read with any
+    for s in scenarios:
+        for c in s.reference.calls:
+            writes = c.tool in ("write_file", "delete_file")
+            assert c.match == (named_arguments(s.task, c.arguments) if writes else None)
+    matched = [c.match for s in scenarios for c in s.reference.calls if c.tool == "write_file"]
+    assert ["name", "content"] in matched  # the file and what it must hold, as the task says
 
 
 async def test_a_server_that_needs_a_variable_says_so_and_starts_with_it(tmp_path):

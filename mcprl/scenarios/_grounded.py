@@ -60,7 +60,13 @@ from mcprl.scenarios._screen import (
     server_paths,
     undescribed_arguments,
 )
-from mcprl.scenarios._types import Reference, ReferenceCall, Scenario, ScenarioSet
+from mcprl.scenarios._types import (
+    Reference,
+    ReferenceCall,
+    Scenario,
+    ScenarioSet,
+    named_arguments,
+)
 
 __all__ = ["GenerationReport", "build_grounded", "grounded_scenarios"]
 
@@ -531,7 +537,15 @@ def _render(steps: list[_Step], question: Question, seed: int) -> Scenario:
     reference = Reference(
         answer=question.answer,
         calls=[
-            ReferenceCall(tool=s.tool.name, arguments=s.arguments, result=s.result_text)
+            ReferenceCall(
+                tool=s.tool.name,
+                arguments=s.arguments,
+                result=s.result_text,
+                # a write (with allow_writes) counts only with what the task names
+                match=named_arguments(question.text, s.arguments)
+                if tool_access(s.tool)[0] == "write"
+                else None,
+            )
             for s in steps
         ],
         needs_calls=True,  # the answer is the server's data: a right guess is not a success
