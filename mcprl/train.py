@@ -190,9 +190,8 @@ class RunConfig(BaseModel):
         "solved), so the policy practises the call after them; such a chain is guided instead "
         "of explored (0.5, with a solved kind's failures left out as by default: on the "
         "calculator, four training seeds, chains 14 -> 53 of 160 held out; on the catalog 69 "
-        "and 62 of 96 against 56 and 60 without at seeds 0 and 1; on the notes server 16 "
-        "against 22, a check that does not read what was written; L222-L232 in "
-        "benchmarks/RESULTS.md). 0 disables",
+        "and 62 of 96 against 56 and 60 without at seeds 0 and 1; on the notes server 15 "
+        "against 24, its writes checked; L222-L234 in benchmarks/RESULTS.md). 0 disables",
     )
     guide_groups: int = Field(
         default=0,
