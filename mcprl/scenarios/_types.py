@@ -49,11 +49,16 @@ class ReferenceCall(BaseModel):
         return self
 
 
+def _plain(text: str) -> str:
+    """Text with case and spacing aside: casefolded, runs of spaces made one, ends stripped."""
+    return " ".join(text.casefold().split())
+
+
 def same_text(a: Any, b: Any) -> bool:
     """Two strings that read the same: equal ignoring case, spacing at either end and runs of
     spaces inside. Anything else: equal."""
     if isinstance(a, str) and isinstance(b, str):
-        return " ".join(a.casefold().split()) == " ".join(b.casefold().split())
+        return _plain(a) == _plain(b)
     return a == b
 
 
@@ -62,11 +67,11 @@ def named_arguments(task: str, arguments: dict[str, Any]) -> list[str]:
     a call that writes, what the task asks to be written, so the attempt's call must carry them
     (`ReferenceCall.match`). A number or a list is left out: a note's id is the server's
     choice, and a list the task names part of is not the task's to check."""
-    text = " ".join(task.casefold().split())
+    text = _plain(task)
     return [
         name
         for name, value in arguments.items()
-        if isinstance(value, str) and value.strip() and " ".join(value.casefold().split()) in text
+        if isinstance(value, str) and value.strip() and _plain(value) in text
     ]
 
 
