@@ -29,7 +29,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mcprl.rewards import answer_matches, is_success, made_calls, result_values
-from mcprl.scenarios import Reference, ReferenceCall, Scenario, has_reference
+from mcprl.scenarios import (
+    Reference,
+    ReferenceCall,
+    Scenario,
+    check_named_arguments,
+    has_reference,
+)
 from mcprl.types import Trajectory, TrajectoryGroup
 
 __all__ = ["HINDSIGHT_TAG", "hindsight_task", "hindsight_tasks"]
@@ -105,11 +111,13 @@ def hindsight_task(
     if expected is None:
         return None
     steps = [_sentence(i, tool, args, fed) for i, ((tool, args, _), fed) in enumerate(chain)]
+    text = " ".join(steps) + " What does the last call return?"
     reference = Reference(
         answer=expected,
         calls=[ReferenceCall(tool=t, arguments=a, result=r) for (t, a, r), _ in chain],
         needs_calls=True,
     )
+    reference = check_named_arguments(reference, text, writes=())  # a 0 or a yes: its calls
     key = json.dumps([[t, a] for (t, a, _), _ in chain], sort_keys=True, ensure_ascii=False)
     try:
         float(expected)
@@ -118,7 +126,7 @@ def hindsight_task(
         kind = "string"
     task = Scenario(
         id=f"{HINDSIGHT_TAG}-{hashlib.sha1(key.encode()).hexdigest()[:10]}",
-        task=" ".join(steps) + " What does the last call return?",
+        task=text,
         difficulty=min(5, max(3, len(chain))),  # the generators' scale: 3 is two or three calls
         reference=reference,
         tags=[HINDSIGHT_TAG, f"from:{scenario.id}"],

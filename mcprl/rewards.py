@@ -72,6 +72,7 @@ from mcprl.scenarios import (
     Scenario,
     equals_as_written,
     normalize,
+    polarity,
     same_text,
     written_precision,
 )
@@ -179,14 +180,6 @@ def answer_matches(answer: str | None, reference: Reference) -> bool:
     return any(equals_as_written(x, expected) for x in _numbers(answer))
 
 
-_POLARITY = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
-
-
-def polarity(answer: str) -> Literal["yes", "no"] | None:
-    """ "yes" or "no" where `answer` is just that (or "true" or "false"), else None."""
-    return _POLARITY.get(normalize(answer))  # type: ignore[return-value]
-
-
 def _text_matches(answer: str, expected: str) -> bool:
     """`expected` appears in `answer` as whole words, case, accents and punctuation aside
     ("Ben Ode" is not in "Ben Oder"). A yes or no (or a true or false) is right when the answer
@@ -195,7 +188,7 @@ def _text_matches(answer: str, expected: str) -> bool:
     words = normalize(answer).split()
     wanted = normalize(expected)
     if (meant := polarity(expected)) is not None:  # a reference "true" takes a "yes" too
-        said = {_POLARITY[w] for w in words if w in _POLARITY}
+        said = {p for w in words if (p := polarity(w)) is not None}
         return said == {meant}
     return f" {wanted} " in f" {' '.join(words)} "
 

@@ -28,7 +28,7 @@ from mcprl.scenarios import (  # noqa: E402
     ReferenceCall,
     Scenario,
     ScenarioSet,
-    named_arguments,
+    check_named_arguments,
 )
 
 Call = tuple[str, dict[str, Any]]
@@ -369,11 +369,7 @@ async def _scenario(name: str, drawn: tuple) -> Scenario:
             results.append(
                 json.loads(result.text) if result.text[:1] in "{[" else float(result.text)
             )
-            # a write counts only with what the task asks written (a note's title and text)
-            match = named_arguments(task, args) if tool in writes else None
-            ref_calls.append(
-                ReferenceCall(tool=tool, arguments=args, result=result.text, match=match)
-            )
+            ref_calls.append(ReferenceCall(tool=tool, arguments=args, result=result.text))
     answer = pick(results)
     digest = hashlib.sha256(task.encode()).hexdigest()[:8]
     return Scenario(
@@ -383,7 +379,13 @@ async def _scenario(name: str, drawn: tuple) -> Scenario:
         # The catalog's and the notes' answers are the server's data (a year, a count, a yes or
         # no), which a guess can hit: right only with the calls. A calculator answer a model
         # works out unaided is right.
-        reference=Reference(answer=_fmt(answer), calls=ref_calls, needs_calls=name != "calculator"),
+        # A write, or a call whose answer a guess hits (a yes, a no, a 0), counts only with
+        # what the task names (a note's title and text, the word searched for).
+        reference=check_named_arguments(
+            Reference(answer=_fmt(answer), calls=ref_calls, needs_calls=name != "calculator"),
+            task,
+            writes,
+        ),
         tags=["curated", name],
     )
 

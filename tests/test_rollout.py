@@ -32,6 +32,8 @@ from mcprl.scenarios import (
     Scenario,
     ScenarioSet,
     bundled_scenarios,
+    check_named_arguments,
+    guessable,
     named_arguments,
 )
 from tests.helpers import (
@@ -802,6 +804,42 @@ def test_the_bundled_notes_writes_check_what_they_write():
     assert creates and all(c.match == ["title", "body"] for c in creates)
     reads = [c for s in notes for c in s.reference.calls if c.tool in ("list_notes", "get_note")]
     assert reads and all(c.match is None for c in reads)
+    # "Do I have any notes about X?" (0) counts only from a search of X
+    zeros = [s for s in notes if s.reference.answer == "0" and len(s.reference.calls) == 1]
+    assert zeros and all(s.reference.calls[0].match == ["query"] for s in zeros)
+
+
+def test_a_yes_no_or_zero_counts_only_from_a_call_for_what_the_task_names():
+    """On a server with no notes, every search says "count": 0, so a 0 answers "Do I have any
+    notes about lisbon?" after a search of "lion" too. Where the answer is a yes, a no or a 0,
+    the calls must ask for what the task names; any other answer is the server's data, and the
+    calls take any arguments."""
+    from mcprl.rewards import reward_parts
+
+    task = 'Do I have any notes about "Lisbon" yet? Search and tell me how many.'
+    search = ReferenceCall(tool="search_notes", arguments={"query": "lisbon", "limit": 5})
+    zero = check_named_arguments(
+        Reference(answer="0", calls=[search], needs_calls=True), task, writes=()
+    )
+    assert zero.calls[0].match == ["query"]  # the task names the query, not the limit
+    scenario = Scenario(id="lisbon", task=task, difficulty=1, reference=zero)
+    nothing = '{"count": 0, "notes": []}'
+    asked = _attempt(task, [("search_notes", {"query": "LISBON"}, nothing)], "0")
+    other = _attempt(task, [("search_notes", {"query": "lion"}, nothing)], "0")
+    assert reward_parts(asked, scenario).answer == 1.0
+    wrong = reward_parts(other, scenario)
+    assert wrong.answer == 0.0 and wrong.guessed == 1.0
+    # a count the server has to hold is its own evidence: any search that finds it will do
+    two = check_named_arguments(
+        Reference(answer="2", calls=[search], needs_calls=True), task, writes=()
+    )
+    assert two.calls[0].match is None
+    for answer in ("yes", "No", "false", "0", "0.0"):
+        assert guessable(answer), answer
+    for answer in ("2", "0.5", "not yet", "Lisbon"):
+        assert not guessable(answer), answer
+    # whole words only: "art" is not named by "a party"
+    assert named_arguments("Notes from a party", {"query": "art"}) == []
 
 
 def test_reference_answers_numbers_and_text():

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from mcprl.scenarios._answers import equals_as_written, written_precision
+from mcprl.scenarios._answers import equals_as_written, guessable, polarity, written_precision
 from mcprl.scenarios._dedupe import Deduper, normalize
 from mcprl.scenarios._grounded import GenerationReport, build_grounded, grounded_scenarios
 from mcprl.scenarios._llm import SCENARIOS_SCHEMA, generate_scenarios
@@ -33,6 +33,7 @@ from mcprl.scenarios._types import (
     Scenario,
     ScenarioSet,
     bundled_scenarios,
+    check_named_arguments,
     has_reference,
     named_arguments,
     question_kind,
@@ -53,14 +54,17 @@ __all__ = [
     "ScenarioSet",
     "build_grounded",
     "bundled_scenarios",
+    "check_named_arguments",
     "equals_as_written",
     "generate_scenarios",
     "grounded_scenarios",
     "grounded_with_notes",
+    "guessable",
     "has_reference",
     "hidden_writers",
     "named_arguments",
     "normalize",
+    "polarity",
     "question_kind",
     "reword_tasks",
     "same_text",

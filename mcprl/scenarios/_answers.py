@@ -10,8 +10,9 @@ from __future__ import annotations
 import decimal
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
+from mcprl.scenarios._dedupe import normalize
 from mcprl.scenarios._questions import format_number
 
 __all__ = [
@@ -19,8 +20,10 @@ __all__ = [
     "NUMBER_IN_TEXT",
     "computed_number",
     "equals_as_written",
+    "guessable",
     "is_number",
     "number_answer",
+    "polarity",
     "rounded",
     "written_precision",
 ]
@@ -91,3 +94,18 @@ def equals_as_written(value: float, expected: str) -> bool:
         return False
     target = float(expected.strip().replace(",", ""))
     return abs(value - target) <= half_unit + 1e-9 * max(1.0, abs(target))
+
+
+_POLARITY = {"yes": "yes", "true": "yes", "no": "no", "false": "no"}
+
+
+def polarity(answer: str) -> Literal["yes", "no"] | None:
+    """ "yes" or "no" where `answer` is just that (or "true" or "false"), else None."""
+    return _POLARITY.get(normalize(answer))  # type: ignore[return-value]
+
+
+def guessable(answer: str) -> bool:
+    """A yes, a no or a 0: an answer a guess hits often enough that only a call for what the
+    task names bears it out ("Do I have notes about lisbon?" is 0 from a search of "lisbon",
+    and from a search of "lion" too, on a server with no notes)."""
+    return polarity(answer) is not None or equals_as_written(0.0, answer)

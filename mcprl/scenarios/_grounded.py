@@ -65,7 +65,7 @@ from mcprl.scenarios._types import (
     ReferenceCall,
     Scenario,
     ScenarioSet,
-    named_arguments,
+    check_named_arguments,
 )
 
 __all__ = ["GenerationReport", "build_grounded", "grounded_scenarios"]
@@ -537,19 +537,15 @@ def _render(steps: list[_Step], question: Question, seed: int) -> Scenario:
     reference = Reference(
         answer=question.answer,
         calls=[
-            ReferenceCall(
-                tool=s.tool.name,
-                arguments=s.arguments,
-                result=s.result_text,
-                # a write (with allow_writes) counts only with what the task names
-                match=named_arguments(question.text, s.arguments)
-                if tool_access(s.tool)[0] == "write"
-                else None,
-            )
+            ReferenceCall(tool=s.tool.name, arguments=s.arguments, result=s.result_text)
             for s in steps
         ],
         needs_calls=True,  # the answer is the server's data: a right guess is not a success
     )
+    # a write (with allow_writes), or a call whose answer a guess hits, counts only with what
+    # the task names
+    writes = {s.tool.name for s in steps if tool_access(s.tool)[0] == "write"}
+    reference = check_named_arguments(reference, question.text, writes)
     digest = hashlib.sha256(f"{seed}:{question.text}".encode()).hexdigest()[:10]
     tags = ["grounded", question.kind, *dict.fromkeys(s.tool.name for s in steps)]
     return Scenario(

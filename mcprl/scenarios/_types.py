@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from mcprl.errors import ScenarioFileError, UsageError
+from mcprl.scenarios._answers import guessable
 from mcprl.types import text_lines
 
 __all__ = ["AnswerType", "Reference", "ReferenceCall", "Scenario", "ScenarioSet"]
@@ -32,9 +34,10 @@ class ReferenceCall(BaseModel):
     match: list[str] | None = Field(
         default=None,
         description="arguments whose values an attempt's call of this tool must carry for the "
-        "reference's `needs_calls` (strings compared ignoring case and spacing): what a write "
-        "must write, as the task names it (a note's title and text; `named_arguments`); "
-        "None: any arguments",
+        "reference's `needs_calls` (strings compared ignoring case and spacing), as the task "
+        "names them (`check_named_arguments`): what a write must write (a note's title and "
+        "text), or what a call must ask for when the answer is a yes, a no or a 0 (the "
+        "query that finds nothing); None: any arguments",
     )
 
     @model_validator(mode="after")
@@ -63,16 +66,34 @@ def same_text(a: Any, b: Any) -> bool:
 
 
 def named_arguments(task: str, arguments: dict[str, Any]) -> list[str]:
-    """The arguments whose string values the task's text names (ignoring case and spacing): for
-    a call that writes, what the task asks to be written, so the attempt's call must carry them
-    (`ReferenceCall.match`). A number or a list is left out: a note's id is the server's
-    choice, and a list the task names part of is not the task's to check."""
+    """The arguments whose string values the task's text names, as whole words (ignoring case
+    and spacing): what the task asks a call to carry (`ReferenceCall.match`). A number or a
+    list is left out: a note's id is the server's choice, and a list the task names part of is
+    not the task's to check."""
     text = _plain(task)
     return [
         name
         for name, value in arguments.items()
-        if isinstance(value, str) and value.strip() and _plain(value) in text
+        if isinstance(value, str)
+        and value.strip()
+        and re.search(rf"(?<!\w){re.escape(_plain(value))}(?!\w)", text)
     ]
+
+
+def check_named_arguments(reference: Reference, task: str, writes: Collection[str]) -> Reference:
+    """`reference` with `match` set on the calls whose arguments the check must see: on a call
+    of a tool that writes (`writes`: their names), the values the task names, since what it
+    writes is the task; on every call when the answer is a yes, a no or a 0 (`guessable`), the
+    values the task names, since any search bears out a guess like that. Other calls, and calls
+    whose arguments the task does not name, take any arguments."""
+    guess = reference.answer is not None and guessable(reference.answer)
+    calls = [
+        call.model_copy(update={"match": named_arguments(task, call.arguments) or None})
+        if guess or call.tool in writes
+        else call
+        for call in reference.calls
+    ]
+    return reference.model_copy(update={"calls": calls})
 
 
 class Reference(BaseModel):

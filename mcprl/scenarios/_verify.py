@@ -19,7 +19,7 @@ from mcprl.mcp import ServerInfo, looks_like_error, name_words, open_session, to
 from mcprl.scenarios._answers import computed_number, is_number, number_answer
 from mcprl.scenarios._parse import parse_result
 from mcprl.scenarios._screen import answer_problem, is_meta_tool, leaks_secret
-from mcprl.scenarios._types import Reference, ReferenceCall, named_arguments
+from mcprl.scenarios._types import Reference, ReferenceCall, check_named_arguments
 
 __all__ = ["verify_proposal"]
 
@@ -152,16 +152,8 @@ async def verify_proposal(
     reference = Reference(
         answer=answer,
         calls=[
-            ReferenceCall(
-                tool=c["tool"],
-                arguments=c.get("arguments") or {},
-                result=r.text,
-                # a write (with allow_writes) counts only with what the task names
-                match=named_arguments(task, c.get("arguments") or {})
-                if c["tool"] in writes
-                else None,
-            )
+            ReferenceCall(tool=c["tool"], arguments=c.get("arguments") or {}, result=r.text)
             for c, r in zip(calls, first, strict=True)
         ],
     )
-    return reference, ""
+    return check_named_arguments(reference, task, writes), ""
