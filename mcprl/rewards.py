@@ -32,7 +32,9 @@
   otherwise right by luck often enough to train the habit of answering without looking. A
   reference call that writes (`ReferenceCall.match`: a note's title and text, as the task names
   them) counts only from a call that carries those values: a note saved under a made-up title,
-  then counted, is no success.
+  then counted, is no success. So does every call of a reference whose answer is a yes, a no or
+  a 0 (`check_named_arguments`): "Do I have any notes about lisbon?" is 0 after a search of
+  "lion" too.
 - `scorer(...)` builds an `after_each` callback for `gather_groups` that sets each trajectory's
   reward from references, RULER, or both with weights, and records the parts as metrics
   (`reward_answer`, `reward_calls`, `reward_reported`, `repeated_calls`, `reward_ruler`).
@@ -376,7 +378,8 @@ def result_values(text: str, limit: int = 64) -> list[str]:
 def _called_tools(calls: _Calls, reference: Reference) -> bool:
     """The attempt called each tool the reference calls at least once, with a result that is
     no error (any arguments, but those a reference call's `match` names: a write counts only
-    when it wrote what the task asks, each such call by a call of its own). An empty result
+    when it wrote what the task asks, and a call behind a yes, a no or a 0 only when it asked
+    for what the task names, each such call by a call of its own). An empty result
     (`[]`) found nothing: it bears out a "no" or a 0, and no other answer, and only from the
     reference's own call (same tool and arguments): `describe_table` of a table that does not
     exist returns `[]`, and a "yes" after it is still a guess, as is a "no" after asking about
