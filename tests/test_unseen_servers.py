@@ -223,6 +223,20 @@ def test_a_pattern_gets_a_string_that_matches_it():
         assert re.fullmatch("[A-Z]{3}-[0-9]{4}", args["code"]) and args["at"] == "14:30"
 
 
+def test_a_number_that_counts_things_is_whole():
+    """server-filesystem's `read_file` takes `tail`, a "number" for "the last N lines": a
+    task reads 40 lines, never 40.3."""
+    import random
+
+    from mcprl.scenarios._sampling import SchemaSampler, ValuePool
+
+    sampler = SchemaSampler(random.Random(0), ValuePool())
+    lines = {"type": "number", "description": "If provided, returns only the last N lines"}
+    price = {"type": "number", "description": "The price in euros"}
+    assert all(isinstance(sampler.value(lines, "tail"), int) for _ in range(40))
+    assert any(not float(sampler.value(price, "price")).is_integer() for _ in range(40))
+
+
 async def test_nothing_built_is_an_error_that_shows_a_failure():
     with pytest.raises(ScenarioGenerationError) as info:
         await build_grounded(f"{PY} {SERVERS / 'sqlish.py'}", 2, seed=0, allow_writes=True,

@@ -42,6 +42,8 @@ _FALLBACK_PHRASES = [
     "quarterly report",
 ]
 _SMALL_INT_NAMES = {"n", "exponent", "power", "degree", "k", "count", "limit", "top"}
+# a "number" that counts things ("the last N lines", "the number of results") takes whole ones
+_COUNTS = re.compile(r"\bN\b|\bnumber of\b|\bhow many\b")
 _PHRASE = re.compile(r"[A-Za-z][A-Za-z .'\-]{2,40}[A-Za-z]")
 
 
@@ -435,6 +437,7 @@ class SchemaSampler:
         if seen and self.rng.random() < 0.8:
             value = self.rng.choice(seen)
             return int(value) if integer else value
+        integer = integer or bool(_COUNTS.search(schema.get("description") or ""))
         lo = schema.get("minimum", schema.get("exclusiveMinimum"))
         hi = schema.get("maximum", schema.get("exclusiveMaximum"))
         if name.lower() in _SMALL_INT_NAMES:
