@@ -117,7 +117,8 @@ def hindsight_task(
         calls=[ReferenceCall(tool=t, arguments=a, result=r) for (t, a, r), _ in chain],
         needs_calls=True,
     )
-    reference = check_named_arguments(reference, text, writes=())  # a 0 or a yes: its calls
+    # a yes, a no or a 0 counts only from calls carrying the values the task names
+    reference = check_named_arguments(reference, text, writes=())
     key = json.dumps([[t, a] for (t, a, _), _ in chain], sort_keys=True, ensure_ascii=False)
     try:
         float(expected)
