@@ -41,9 +41,17 @@ _FALLBACK_PHRASES = [
     "travel plans",
     "quarterly report",
 ]
+# parameters that take a small whole number, by name
 _SMALL_INT_NAMES = {"n", "exponent", "power", "degree", "k", "count", "limit", "top"}
 # a "number" that counts things ("the last N lines", "the number of results") takes whole ones
 _COUNTS = re.compile(r"\bN\b|\bnumber of\b|\bhow many\b")
+
+
+def _counts(schema: dict[str, Any], name: str) -> bool:
+    """Whether a numeric parameter takes a whole number, by its name or its description."""
+    return name.lower() in _SMALL_INT_NAMES or bool(_COUNTS.search(schema.get("description") or ""))
+
+
 _PHRASE = re.compile(r"[A-Za-z][A-Za-z .'\-]{2,40}[A-Za-z]")
 
 
@@ -429,6 +437,7 @@ class SchemaSampler:
         return schema
 
     def _number(self, schema: dict[str, Any], name: str, integer: bool) -> float:
+        integer = integer or _counts(schema, name)  # whole whichever branch draws it
         default = schema.get("default")
         numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
         if numeric and self.rng.random() < 0.5:
@@ -437,11 +446,10 @@ class SchemaSampler:
         if seen and self.rng.random() < 0.8:
             value = self.rng.choice(seen)
             return int(value) if integer else value
-        integer = integer or bool(_COUNTS.search(schema.get("description") or ""))
         lo = schema.get("minimum", schema.get("exclusiveMinimum"))
         hi = schema.get("maximum", schema.get("exclusiveMaximum"))
         if name.lower() in _SMALL_INT_NAMES:
-            lo, hi, integer = max(lo or 2, 2), min(hi or 4, 5), True
+            lo, hi = max(lo or 2, 2), min(hi or 4, 5)
         lo = 1 if lo is None else lo
         hi = max(lo + 1, 120 if hi is None else hi)
         if integer or self.rng.random() < 0.6:
