@@ -13,6 +13,7 @@ import pytest
 
 from mcprl.mcp import ToolInfo, open_session
 from mcprl.scenarios import build_grounded
+from mcprl.scenarios._grounded import _single, _Step
 from mcprl.scenarios._parse import parse_result
 from mcprl.scenarios._questions import records_questions
 from mcprl.scenarios._screen import (
@@ -91,8 +92,31 @@ def test_a_total_of_many_rows_is_not_asked_since_it_is_sums_in_the_head_not_a_re
 
 
 def test_a_filtered_listing_gets_only_lookups():
+    """A name missing from a filtered listing may stand outside it: no "is there …?" either."""
     kinds = {q.kind for q in _questions(PRODUCTS, whole=False)}
-    assert kinds <= {"lookup", "exists"} and "lookup" in kinds
+    assert kinds == {"lookup"}
+
+
+_READ = ToolInfo(
+    name="read_text_file",
+    description="Read the complete contents of a file from the file system as text.",
+    input_schema={"type": "object", "properties": {"path": {"type": "string"},
+                  "tail": {"type": "number"}}, "required": ["path"]},
+)  # fmt: skip
+
+
+def test_a_file_read_is_asked_about_its_lines_and_only_when_read_whole():
+    budget = "item,amount\nrent,950\nfood,320\ntravel,110"
+    whole = _single(_Step(_READ, {"path": "/data/budget.csv"}, budget), random.Random(0), None)
+    assert {q.kind for q in whole} == {"count", "exists"}
+    assert 'For path "/data/budget.csv", how many lines are there?' in {q.text for q in whole}
+    # the last 2 lines: the file's other lines are unseen, and its last line is no computed
+    # result ("Read … with tail 2. What is the result?" -> 110 was asked before)
+    tail = _Step(_READ, {"path": "/data/budget.csv", "tail": 2}, "travel,110")
+    assert _single(tail, random.Random(0), None) == []
+    add = ToolInfo(name="add", description="Add two numbers.", input_schema={"type": "object"})
+    summed = _Step(add, {"a": 31, "b": 25}, "The sum of 31 and 25 is 56.")
+    assert [q.answer for q in _single(summed, random.Random(0), None)] == ["56"]
 
 
 def test_records_without_names_are_named_by_their_number_and_ids_are_never_answers():

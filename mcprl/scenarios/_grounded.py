@@ -410,18 +410,22 @@ def _of_numbers(step: _Step) -> str | None:
 def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Question]:
     data = step.result
     args = _arg_values([step])
-    value = computed_number(data, args)
+    noun = _noun(step, prefix)
+    # what a reader of files or folders returns is their contents, not a computed result: the
+    # last line of a CSV file ("travel,110") is no answer to "what is the result?" (110)
+    reads = noun in ("line", "entry") and bool(set(name_words(step.tool.name)) & _VERBS)
+    value = None if reads else computed_number(data, args)
     if value is not None:
         question = _computation(step, value)
         if isinstance(data, dict) and is_number(data.get("count")):
             question = Question("count", question.text.replace("What is the result?",
                                 "How many are there?"), question.answer)  # fmt: skip
         return [question]
-    if _short_answer(data):
+    if not reads and _short_answer(data):
         short = Question("compute", f"{_instruction(step)}. What is the result?", data.strip())
         if answer_problem(short.answer, short.text, args) is None:
             return [short]  # "04:30": a short text that answers the call
-    found = records_questions(data, noun=_noun(step, prefix), whole=_whole(step, data), rng=rng)
+    found = records_questions(data, noun=noun, whole=_whole(step, data), rng=rng)
     scope = _scope(step)
     out = [replace(q, text=_with_scope(q.text, scope), answer=rounded(q.answer)) for q in found]
     if _dated(step.result_text):  # a clock: what follows from today's date changes tomorrow

@@ -13,8 +13,9 @@ From records (a list of objects, anywhere in the result) it asks:
 - existence: 'Is there a product named "Desk lamp"?' (yes, or no for a name faker makes up).
 
 From a list of plain values (branch names, file names) it asks for the count and existence; from
-one object, its fields. Counts, extremes and totals are asked only of a `whole` listing (a call
-that does not filter), since the question does not say how the data was filtered.
+one object, its fields. Counts, extremes, totals and existence are asked only of a `whole`
+listing (a call that does not filter), since the question does not say how the data was
+filtered: a name missing from the last 5 lines of a file may stand in the sixth.
 """
 
 from __future__ import annotations
@@ -247,7 +248,7 @@ def _about_records(
             text = ask_field(f, record[f], _named(noun, record, key))
             lookup = Ask("value", f, ((key, record[key]),))
             out.append(Question("lookup", text, _answer(record[f]), lookup))
-        if len(records) >= 3 and isinstance(record[key], str):
+        if whole and len(records) >= 3 and isinstance(record[key], str):
             out.append(_exists(records, noun, key, rng))
     if not whole or len(records) < 2:
         return out
@@ -330,7 +331,7 @@ def _about_values(values: list[Any], noun: str, whole: bool, rng: random.Random)
     many = plural(noun)
     if whole:
         out.append(Question("count", f"How many {many} are there?", str(len(values))))
-    if len(values) >= 3 and all(isinstance(v, str) for v in values):
+    if whole and len(values) >= 3 and all(isinstance(v, str) for v in values):
         fake = _made_up(str(values[0]), rng, [str(v) for v in values])
         named = rng.choice([str(v) for v in values]) if rng.random() < 0.5 else fake
         answer = "yes" if named in values else "no"
