@@ -6,7 +6,8 @@ a change to the check moves a run's figures without training again.
 Each saved attempt (`evals/*/*/MODEL.jsonl`, one group a line) is checked with `is_success`
 against its scenario, from `--scenarios` or else the run's own `learning/*/scenarios.jsonl`,
 with `match` derived again (`check_named_arguments`; a server's writing tools are not known
-here: a tool whose calls the file checks already is taken for one). Per
+here: a tool whose calls the file checks already is taken for one, so a run's own file from
+before writes were checked checks none, and the script says so). Per
 model (the base, and the trained adapter): successes as saved, and now, by the number of calls
 the task takes.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -28,13 +30,22 @@ def _scenarios(run: Path, given: Path | None) -> dict[str, Scenario]:
     if not files:
         raise SystemExit(f"{run} holds no learning/*/scenarios.jsonl; name one with --scenarios")
     out = {}
+    checked = False  # whether any call carries a `match`: a file from before 2026-12-04 doesn't
     for file in files:
         for s in ScenarioSet.load(file):
             if s.reference is not None:  # a call checked already is taken for a write
                 writes = {c.tool for c in s.reference.calls if c.match}
+                checked = checked or bool(writes)
                 ref = check_named_arguments(s.reference, s.task, writes)
                 s = s.model_copy(update={"reference": ref})
             out[s.id] = s
+    if not checked and given is None:
+        print(
+            f"note: no call in {run}'s own scenarios names the values it must carry (`match`), "
+            "so writes go unchecked; pass --scenarios with today's file (scenarios/notes.jsonl "
+            "for example:notes) to check them",
+            file=sys.stderr,
+        )
     return out
 
 
