@@ -117,6 +117,10 @@ def test_a_file_read_is_asked_about_its_lines_and_only_when_read_whole():
     add = ToolInfo(name="add", description="Add two numbers.", input_schema={"type": "object"})
     summed = _Step(add, {"a": 31, "b": 25}, "The sum of 31 and 25 is 56.")
     assert [q.answer for q in _single(summed, random.Random(0), None)] == ["56"]
+    # a tool that counts a file's lines computes: its number is its result
+    count = ToolInfo(name="count_lines", description="Count a file's lines.", input_schema={})
+    counted = _Step(count, {"path": "/data/budget.csv"}, "4")
+    assert [q.answer for q in _single(counted, random.Random(0), None)] == ["4"]
 
 
 def test_records_without_names_are_named_by_their_number_and_ids_are_never_answers():

@@ -266,6 +266,8 @@ _FILTERS = {
 }  # fmt: skip
 _CONTAINERS = {"directory", "folder", "dir", "tree", "repository", "repo", "database", "db"}
 _DOCUMENTS = {"file", "text", "content", "contents", "document", "page"}
+# verbs of a tool that returns what a file or a folder holds (not "count": count_lines computes)
+_READS = {"get", "list", "read", "show", "view", "open", "fetch", "cat"}
 _VERBS = {
     "get", "list", "read", "search", "show", "find", "query", "fetch", "describe", "lookup",
     "view", "open", "check", "count", "all", "with", "by", "info", "details", "detail",
@@ -413,7 +415,7 @@ def _single(step: _Step, rng: random.Random, prefix: str | None) -> list[Questio
     noun = _noun(step, prefix)
     # what a reader of files or folders returns is their contents, not a computed result: the
     # last line of a CSV file ("travel,110") is no answer to "what is the result?" (110)
-    reads = noun in ("line", "entry") and bool(set(name_words(step.tool.name)) & _VERBS)
+    reads = noun in ("line", "entry") and bool(set(name_words(step.tool.name)) & _READS)
     value = None if reads else computed_number(data, args)
     if value is not None:
         question = _computation(step, value)
