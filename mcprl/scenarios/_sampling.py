@@ -45,14 +45,12 @@ _FALLBACK_PHRASES = [
 _SMALL_INT_NAMES = {"n", "exponent", "power", "degree", "k", "count", "limit", "top"}
 # a "number" that counts things ("the last N lines", "the number of results") takes whole ones
 _COUNTS = re.compile(r"\bN\b|\bnumber of\b|\bhow many\b")
+_PHRASE = re.compile(r"[A-Za-z][A-Za-z .'\-]{2,40}[A-Za-z]")
 
 
 def _counts(schema: dict[str, Any], name: str) -> bool:
     """Whether a numeric parameter takes a whole number, by its name or its description."""
     return name.lower() in _SMALL_INT_NAMES or bool(_COUNTS.search(schema.get("description") or ""))
-
-
-_PHRASE = re.compile(r"[A-Za-z][A-Za-z .'\-]{2,40}[A-Za-z]")
 
 
 SQL_ROWS = 200  # rows read from a table; a table that fills them is not read whole
