@@ -181,25 +181,24 @@ class RunConfig(BaseModel):
         "the calls but cannot read the answer out of their results. 0 disables",
     )
     guide: float = Field(
-        default=0.0,
+        default=0.5,
         ge=0.0,
         le=1.0,
         description="at a chain of two or more calls that no attempt of the policy's own has "
         "solved (from its first draw on), this share of a group's attempts start with the "
         "reference's first calls made for them (how many: a draw that falls as the kind gets "
         "solved), so the policy practises the call after them; such a chain is guided instead "
-        "of explored (0.5, with a solved kind's failures left out as by default: on the "
-        "calculator, four training seeds, chains 14 -> 53 of 160 held out; on the catalog 69 "
-        "and 62 of 96 against 56 and 60 without at seeds 0 and 1; on the notes server 15 "
-        "against 24, its writes checked; L222-L234 in benchmarks/RESULTS.md). 0 disables",
+        "of explored. With guide_groups 2, both defaults since 2026-12-04: see "
+        "benchmarks/RESULTS.md, 'The guide capped at two groups a step, by default'. 0 disables",
     )
     guide_groups: int = Field(
-        default=0,
+        default=2,
         ge=0,
         description="with guide on, at most this many of a step's groups start guided, in "
         "the order drawn (stand-ins included); a chain drawn after them starts as without "
         "the guide (explored, demonstrated), so the kinds that need no guide keep their share "
-        "of the step. 0: no limit",
+        "of the step (uncapped, the guide cost the notes server half its held-out successes). "
+        "0: no limit",
     )
     hindsight: int = Field(
         default=0,

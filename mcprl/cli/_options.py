@@ -196,14 +196,14 @@ RUN = [
         "guide",
         "at a chain of 2+ calls the model's own attempts have not solved (from its first "
         "draw), this share of a group's attempts start with the reference's first calls made "
-        "for them, fewer as the chain gets solved (default {default}: off; 0.5 taught the "
-        "calculator's and the catalog's chains, see RESULTS.md)",
+        "for them, fewer as the chain gets solved (default {default}; 0 turns it off; see "
+        "RESULTS.md)",
     ),
     Setting(
         "--guide-groups",
         "guide_groups",
         "with --guide, at most N of a step's groups start guided; chains drawn after them "
-        "start as without it (default {default}: no limit; see RESULTS.md)",
+        "start as without it (default {default}; 0: no limit; see RESULTS.md)",
     ),
     Setting(
         "--hindsight",
