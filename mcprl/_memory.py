@@ -9,8 +9,8 @@ busy, every 2 s as rows finish (a catalog step's peak 10.1 -> 8.3 GB, a calculat
 -> 3.5 GB, 30-90 ms a trim). Where memory is short, two settings also keep the memory from
 piling up between trims (`bound_allocator`): few arenas, and blocks of 4 MB or more mapped on
 their own, so that freeing one unmaps it (glibc otherwise raises that threshold to the largest
-block freed, up to 32 MB, and keeps every such block after the first in an arena). No-ops
-without glibc.
+block freed, up to 32 MB, and keeps every such block after the first in an arena), and the
+engine's running batch holds half the keys and values (`batch_kv_bytes`). No-ops without glibc.
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ import functools
 import os
 from typing import Any
 
-__all__ = ["bound_allocator", "return_freed_memory"]
+__all__ = ["batch_kv_bytes", "bound_allocator", "memory_is_short", "return_freed_memory"]
 
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers (malloc.h)
 _M_ARENA_MAX = -8
 ARENAS = 2
 MMAP_THRESHOLD = 4 << 20  # bytes: at 1 MB rollouts were 30% slower
 SHORT_GB = 16.0
+BATCH_KV_BYTES = 1 << 30  # the engine's bound on its batch's keys and values on CPU
+SHORT_BATCH_KV_BYTES = 512 << 20  # ... where memory is short
 
 
 @functools.cache
@@ -56,18 +58,40 @@ def _available_gb() -> float | None:
 
 
 @functools.cache
+def _available_at_start_gb() -> float | None:
+    return _available_gb()
+
+
+def memory_is_short(available_gb: float | None = None) -> bool:
+    """Whether under `SHORT_GB` GiB is available: `available_gb`, else MemAvailable as this
+    process first read it, so the allocator and the engine decide alike (False where unknown)."""
+    if available_gb is None:
+        available_gb = _available_at_start_gb()
+    return available_gb is not None and available_gb < SHORT_GB
+
+
+def batch_kv_bytes(device_type: str, available_gb: float | None = None) -> int | None:
+    """The engine's default bound on its running batch's keys and values, padding included
+    (`Engine(max_batch_kv_bytes="auto")`): none off the CPU; on a CPU 1 GiB, or 512 MiB where
+    memory is short (`memory_is_short`). The default calculator run alone (RESULTS.md, "A
+    smaller batch where memory is short") peaked at 3.62-3.70 GB under 512 MiB against 4.12 GB
+    under 1 GiB, and took 0-11% longer (one run each): fewer rows decode at once. So a machine
+    with memory to spare keeps the faster bound."""
+    if device_type != "cpu":
+        return None
+    return SHORT_BATCH_KV_BYTES if memory_is_short(available_gb) else BATCH_KV_BYTES
+
+
+@functools.cache
 def bound_allocator(available_gb: float | None = None) -> dict[str, int]:
-    """Where memory is short (under `SHORT_GB` GiB available: `available_gb`, read from
-    /proc/meminfo when None), cap glibc's arenas at `ARENAS` and map blocks of
-    `MMAP_THRESHOLD` bytes or more on their own, unless the environment already sets
+    """Where memory is short (`memory_is_short(available_gb)`), cap glibc's arenas at `ARENAS`
+    and map blocks of `MMAP_THRESHOLD` bytes or more on their own, unless the environment sets
     `MALLOC_ARENA_MAX` or `MALLOC_MMAP_THRESHOLD_` (glibc reads those at start; they win).
     Measured on a catalog step (RESULTS.md): peak 10.3 -> 6.1-6.3 GB, rollouts 8-23%
     and evaluations 12-15% slower, so a machine with memory to spare keeps the faster default.
     Call it before the process starts its threads: glibc fixes its arena limit once it has
     8 arenas. Returns the settings it made, by environment variable name."""
-    if available_gb is None:
-        available_gb = _available_gb()
-    if available_gb is None or available_gb >= SHORT_GB:
+    if not memory_is_short(available_gb):
         return {}  # before looking libc up: find_library runs ldconfig, at every CLI start
     mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is None:

@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 import torch
 
+from mcprl._memory import batch_kv_bytes
 from mcprl.serving import Engine, SamplingParams, load_model
 from mcprl.serving._chat import parse_tool_calls, render_prompt
 from mcprl.serving._engine import _min_p, _Task, _top_p
@@ -221,6 +222,12 @@ def test_a_long_prompt_waits_for_room_instead_of_padding_every_row_to_its_length
     assert results == [alone_short] * 3 + [alone_long, alone_short]
     assert engine.stats["kv_waits"] > waits
     assert all(size <= budget for rows, size in held if rows > 1)
+
+
+def test_the_batch_bound_by_default_follows_the_memory_available(engine):
+    """By default ("auto"), 1 GiB of keys and values on a CPU, 512 MiB where memory is short."""
+    assert engine.max_batch_kv_bytes == batch_kv_bytes("cpu")
+    assert engine.max_batch_kv_bytes in (1 << 30, 512 << 20)
 
 
 def test_an_idle_engine_hands_freed_memory_back_once(engine, monkeypatch):

@@ -353,8 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         metavar="MB",
         help="the most keys and values the running batch holds, padding included, before "
-        "waiting requests stop joining it; 0 for no bound (default auto: 1024 on a CPU, "
-        "none on a GPU)",
+        "waiting requests stop joining it; 0 for no bound (default auto: 1024 on a CPU, 512 "
+        "where under 16 GiB is available at start, none on a GPU)",
     )
     v.add_argument("--lora", action="append", metavar="NAME=PATH", help="load a LoRA adapter")
     v.add_argument(

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from mcprl._memory import bound_allocator, return_freed_memory
+from mcprl._memory import batch_kv_bytes, bound_allocator, return_freed_memory
 from mcprl.errors import UsageError
 from mcprl.serving._grammar import CanonicalTokens, GrammarFactory, apply_bitmask
 from mcprl.serving._kv import CPU_ATTENTION, GrowingCache
@@ -175,11 +175,12 @@ class Engine:
         # bytes of keys and values one cached position of one row takes (None: unknown)
         self.kv_bytes_per_token = _kv_bytes_per_token(config, self.kv_dtype or self.kept_dtype)
         # the most keys and values the running batch may hold, its rows' left padding included,
-        # before waiting requests stop joining it ("auto": 1 GiB on CPU, no bound elsewhere).
+        # before waiting requests stop joining it ("auto": on CPU 1 GiB, or 512 MiB where memory
+        # is short, and no bound elsewhere: `batch_kv_bytes`).
         # Rows are padded to the longest: one prompt after a long tool result can make every
         # row of a batch hold its length, most of it padding (RESULTS, "Memory of a batch").
         if max_batch_kv_bytes == "auto":
-            max_batch_kv_bytes = 1 << 30 if self.device.type == "cpu" else None
+            max_batch_kv_bytes = batch_kv_bytes(self.device.type)
         self.max_batch_kv_bytes = max_batch_kv_bytes
         if self.device.type == "cpu":  # see mcprl.serving._kv
             self.model.set_attn_implementation(CPU_ATTENTION)
