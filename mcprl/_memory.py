@@ -74,9 +74,9 @@ def batch_kv_bytes(device_type: str, available_gb: float | None = None) -> int |
     """The engine's default bound on its running batch's keys and values, padding included
     (`Engine(max_batch_kv_bytes="auto")`): none off the CPU; on a CPU 1 GiB, or 512 MiB where
     memory is short (`memory_is_short`). The default calculator run alone (RESULTS.md, "A
-    smaller batch where memory is short") peaked at 3.62-3.70 GB under 512 MiB against 4.12 GB
-    under 1 GiB, and took 0-11% longer (one run each): fewer rows decode at once. So a machine
-    with memory to spare keeps the faster bound."""
+    smaller batch where memory is short") peaked at 3.62-3.70 GB under 512 MiB against
+    3.98-4.12 GB under 1 GiB, its rollouts 10-25% slower (two runs each): fewer rows decode at
+    once. So a machine with memory to spare keeps the faster bound."""
     if device_type != "cpu":
         return None
     return SHORT_BATCH_KV_BYTES if memory_is_short(available_gb) else BATCH_KV_BYTES
