@@ -163,8 +163,9 @@ def test_a_logged_phase_writes_a_line_when_it_starts_and_one_when_it_ends(capsys
 # where its scenarios come from, which backend runs it and how, and what is displayed
 _NOT_RUN_SETTINGS = {
     "-h", "--header", "--scenarios", "-n", "--generator", "--path", "--quick",
-    "--dtype", "--device", "--threads", "--backend", "--api-key", "--vllm-url", "--vllm-sleep",
-    "--trainer", "-q", "--oauth-client-id", "--oauth-scope", "--oauth-issuer",
+    "--dtype", "--device", "--threads", "--max-batch-kv-mb", "--backend", "--api-key",
+    "--vllm-url", "--vllm-sleep", "--trainer", "-q", "--oauth-client-id", "--oauth-scope",
+    "--oauth-issuer",
 }  # fmt: skip
 
 
@@ -277,3 +278,26 @@ def test_serve_bounds_the_batch_memory_it_is_told_and_refuses_a_size_it_cannot_r
     monkeypatch.setattr(mcprl.serving, "LocalServer", lambda *a, **k: servers.append(k))
     LocalBackend(tmp_path, device="cpu", max_batch_kv_bytes=None)._local_server("m", [])
     assert servers[0]["max_batch_kv_bytes"] is None
+
+
+@pytest.mark.parametrize(
+    "command", [["train", "example:calculator"], ["eval", "example:calculator", "--model", "base"]]
+)
+def test_train_and_eval_bound_their_engines_batch_memory_on_request(monkeypatch, command):
+    """`mcprl train --max-batch-kv-mb 512` (and `eval`) gives the local backend's engine the
+    smaller batch a machine short of memory needs; the default stays auto; with a backend
+    elsewhere, whose server decides its own batch, the flag is refused by name."""
+    import mcprl.backends
+    from mcprl.cli._machine import open_backend
+    from mcprl.cli._parser import build_parser
+    from mcprl.errors import UsageError
+
+    made = []
+    monkeypatch.setattr(mcprl.backends, "LocalBackend", lambda *a, **k: made.append(k))
+    parser = build_parser()
+    open_backend(parser.parse_args([*command, "--max-batch-kv-mb", "512", "--device", "cpu"]))
+    open_backend(parser.parse_args([*command, "--threads", "1"]))
+    assert [k["max_batch_kv_bytes"] for k in made] == [512 << 20, "auto"]
+    remote = [*command, "--backend", "http://gpu-box:8000", "--max-batch-kv-mb", "512"]
+    with pytest.raises(UsageError, match=r"--max-batch-kv-mb.*leave the flag out"):
+        open_backend(parser.parse_args(remote))

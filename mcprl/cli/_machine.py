@@ -14,6 +14,11 @@ DTYPES = ["auto", "bfloat16", "float32"]
 def open_backend(args: argparse.Namespace):
     """The backend `--backend` names: this process (`local`, the default), `vllm`, or the URL
     of `mcprl serve --train`."""
+    if args.backend != "local" and args.max_batch_kv_mb != "auto":
+        raise UsageError(
+            f"--max-batch-kv-mb bounds the engine of this process; with --backend "
+            f"{args.backend} the server decides its batch: leave the flag out"
+        )
     if args.backend == "vllm":
         unsloth_before_transformers(args.trainer)
         from mcprl.backends import VLLMBackend
@@ -44,8 +49,9 @@ def open_backend(args: argparse.Namespace):
     quiet_libraries()
     set_threads(args)
     return LocalBackend(
-        args.path, inference_dtype=args.dtype, train_dtype=args.dtype, device=args.device
-    )
+        args.path, inference_dtype=args.dtype, train_dtype=args.dtype, device=args.device,
+        max_batch_kv_bytes=args.max_batch_kv_mb,
+    )  # fmt: skip
 
 
 def unsloth_before_transformers(choice: str) -> None:
@@ -95,6 +101,21 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def kv_megabytes(text: str) -> int | str | None:
+    """`--max-batch-kv-mb`: "auto", 0 (no bound) or megabytes, as the engine takes it (bytes)."""
+    if text == "auto":
+        return "auto"
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: give megabytes (e.g. 1024), 0 for no bound, or auto"
+        )
+    return int(mb * 2**20) or None
+
+
 def add_device_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device",
@@ -107,6 +128,16 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
         help="CPU threads for the model (default: $MCPRL_THREADS, else one per physical core, "
         "fewer while other processes keep cores busy, more as they free up); a number fixes "
         "the count",
+    )
+    p.add_argument(
+        "--max-batch-kv-mb",
+        type=kv_megabytes,
+        default="auto",
+        metavar="MB",
+        help="the most keys and values the engine's running batch holds, padding included, "
+        "before waiting requests stop joining it: less memory, slower rollouts; 0 for no bound "
+        "(default auto: 1024 on a CPU, 512 where under 16 GiB is available at start, none on a "
+        "GPU)",
     )
 
 

@@ -80,21 +80,6 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: list[str]) -> str:
     return message
 
 
-def _kv_megabytes(text: str) -> int | str | None:
-    """`--max-batch-kv-mb`: "auto", 0 (no bound) or megabytes, as the engine takes it (bytes)."""
-    if text == "auto":
-        return "auto"
-    try:
-        mb = float(text)
-    except ValueError:
-        mb = -1.0
-    if not mb >= 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size: give megabytes (e.g. 1024), 0 for no bound, or auto"
-        )
-    return int(mb * 2**20) or None
-
-
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     """The options of a training run: its settings (declared once, in `_options.RUN`), then
     where it runs and what it shows."""
@@ -346,15 +331,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=32,
         help="requests decoded together (default 32)",
-    )
-    v.add_argument(
-        "--max-batch-kv-mb",
-        type=_kv_megabytes,
-        default="auto",
-        metavar="MB",
-        help="the most keys and values the running batch holds, padding included, before "
-        "waiting requests stop joining it; 0 for no bound (default auto: 1024 on a CPU, 512 "
-        "where under 16 GiB is available at start, none on a GPU)",
     )
     v.add_argument("--lora", action="append", metavar="NAME=PATH", help="load a LoRA adapter")
     v.add_argument(
