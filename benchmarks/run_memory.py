@@ -200,6 +200,10 @@ def main() -> None:
         "command": ["mcprl", *args.argv],
         "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
+        # settings that change the runs' memory: glibc's, the threads' (passed through)
+        "environment": {
+            k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "MCPRL_", "OMP_"))
+        },
         "runs": results,
     }
     if args.out:
