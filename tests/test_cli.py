@@ -288,15 +288,18 @@ def test_train_and_eval_bound_their_engines_batch_memory_on_request(monkeypatch,
     smaller batch a machine short of memory needs; the default stays auto; with a backend
     elsewhere, whose server decides its own batch, the flag is refused by name."""
     import mcprl.backends
+    from mcprl.cli import _machine
     from mcprl.cli._machine import open_backend
     from mcprl.cli._parser import build_parser
     from mcprl.errors import UsageError
 
     made = []
     monkeypatch.setattr(mcprl.backends, "LocalBackend", lambda *a, **k: made.append(k))
+    # threads are process-wide: a count fixed here would hold for every later test
+    monkeypatch.setattr(_machine, "set_threads", lambda args: None)
     parser = build_parser()
     open_backend(parser.parse_args([*command, "--max-batch-kv-mb", "512", "--device", "cpu"]))
-    open_backend(parser.parse_args([*command, "--threads", "1"]))
+    open_backend(parser.parse_args(command))
     assert [k["max_batch_kv_bytes"] for k in made] == [512 << 20, "auto"]
     remote = [*command, "--backend", "http://gpu-box:8000", "--max-batch-kv-mb", "512"]
     with pytest.raises(UsageError, match=r"--max-batch-kv-mb.*leave the flag out"):
