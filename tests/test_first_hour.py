@@ -84,7 +84,7 @@ def test_trainer_knobs_and_lora_reach_the_config():
 def test_bad_knobs_fail_in_one_line_naming_the_flag(flags, message, tmp_path, capsys):
     code = main(["train", "example:calculator", "--path", str(tmp_path), "-q", *flags])
     err = capsys.readouterr().err
-    assert code == 1 and message in err, err
+    assert code == 2 and message in err, err
     assert "validation error" not in err and "pydantic" not in err
     assert not (tmp_path / "calculator").exists()  # nothing written
 
@@ -95,7 +95,7 @@ def test_a_bad_sampling_flag_fails_in_one_line_before_any_work(command, tmp_path
     args = [command, "example:calculator", *models, "--path", str(tmp_path), "--min-p", "-1"]
     code = main([*args, "-q"])
     err = capsys.readouterr().err
-    assert code == 1 and "--min-p -1.0: must be greater than or equal to 0" in err, err
+    assert code == 2 and "--min-p -1.0: must be greater than or equal to 0" in err, err
     assert not (tmp_path / "calculator").exists()  # nothing evaluated, nothing written
 
 
@@ -103,7 +103,7 @@ def test_autorl_checks_its_options_before_writing_anything(tmp_path, capsys):
     code = main(["autorl", "Summarise a paragraph.", "--val-attempts", "1", "--path",
                  str(tmp_path), "-q"])  # fmt: skip
     err = capsys.readouterr().err
-    assert code == 1 and "error: --val-attempts: " in err and "2 or more" in err
+    assert code == 2 and "error: --val-attempts: " in err and "2 or more" in err
     assert not list(tmp_path.rglob("*.jsonl"))
 
 

@@ -343,7 +343,7 @@ def test_out_of_range_options_get_one_line_naming_the_option(tmp_path, capsys, f
 
     code = main(["train", "example:calculator", "--path", str(tmp_path), *flags])
     err = capsys.readouterr().err
-    assert code == 1 and err.strip() == f"mcprl: error: {message}"
+    assert code == 2 and err.strip() == f"mcprl: error: {message}"
     assert not any(tmp_path.iterdir())  # checked before anything was started or written
 
 

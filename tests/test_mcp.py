@@ -361,7 +361,7 @@ def test_a_header_on_the_command_line_reaches_a_server_that_wants_a_token(tmp_pa
         assert "it refused a request without credentials (HTTP 401 Unauthorized)" in err
         assert "send its token as a header (--header, e.g. 'Authorization: Bearer TOKEN'" in err
         assert "mcprl login" in err and "--oauth-client-id" in err
-        assert main(["tools", url, "--header", "Authorization Bearer x"]) == 1
+        assert main(["tools", url, "--header", "Authorization Bearer x"]) == 2
         assert "write it as 'Name: value'" in capsys.readouterr().err
     finally:
         proc.terminate()

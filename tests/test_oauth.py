@@ -71,7 +71,7 @@ def test_client_credentials_from_the_command_line(oauth_server, monkeypatch, cap
     err = capsys.readouterr().err
     assert "its OAuth authorization failed" in err and "--oauth-client-id" in err
     monkeypatch.delenv("MCPRL_OAUTH_CLIENT_SECRET")
-    assert main(["tools", url, "--oauth-client-id", "mcprl-ci"]) == 1
+    assert main(["tools", url, "--oauth-client-id", "mcprl-ci"]) == 2
     assert "set its secret in $MCPRL_OAUTH_CLIENT_SECRET" in capsys.readouterr().err
 
 

@@ -104,7 +104,7 @@ def test_the_run_keeps_its_settings_and_a_csv_copy_of_its_history(trained):
 
 def test_resuming_with_another_lora_shape_is_refused(trained, capsys):
     argv = [*trained["argv"], "--lora-r", "16"]
-    assert main(argv) == 1
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert "has a LoRA of r=8, alpha=16, not r=16, alpha=16" in err
     assert "--lora-r 8 --lora-alpha 16" in err
@@ -172,10 +172,10 @@ def test_eval_shows_worked_examples_and_says_when_a_run_trained_with_another_num
 def test_eval_names_what_it_cannot_find(trained, capsys):
     argv = ["eval", "example:calculator", "--path", str(trained["tmp"] / "runs"), "--model",
             "nosuchrun"]  # fmt: skip
-    assert main(argv) == 1
+    assert main(argv) == 2
     assert "neither a run of project" in capsys.readouterr().err
     argv[-1] = "agent@9"
-    assert main(argv) == 1
+    assert main(argv) == 2
     assert "no checkpoint for that step" in capsys.readouterr().err
 
 

@@ -198,5 +198,5 @@ def test_mcprl_train_refuses_unsloth_on_the_local_backend(capsys):
 
     code = main(["train", "example:calculator", "--trainer", "unsloth", "--steps", "1"])
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2
     assert "--trainer unsloth needs --backend vllm" in err

@@ -23,10 +23,10 @@ import logging
 import sys
 
 from mcprl._memory import bound_allocator
-from mcprl.cli._display import EXIT_INTERRUPTED
+from mcprl.cli._display import EXIT_INTERRUPTED, EXIT_USAGE
 from mcprl.cli._options import FlagsFormatter, flags_for, server_of
 from mcprl.cli._parser import build_parser
-from mcprl.errors import MCPRLError
+from mcprl.errors import MCPRLError, UsageError
 from ruler import RulerError
 
 __all__ = ["main"]
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (MCPRLError, RulerError, OSError) as exc:  # the error tree: one line
         print(f"mcprl: error: {flags_for(str(exc))}", file=sys.stderr)
-        return 1
+        # a setting, flag or input that cannot be used exits as argparse's own errors do
+        return EXIT_USAGE if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         print("mcprl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -12,6 +12,7 @@ from mcprl.cli._options import flags_for
 from mcprl.mcp import ServerInfo
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by Ctrl-C (128 + SIGINT)
+EXIT_USAGE = 2  # as argparse: the command, a flag or an input it names cannot be used
 EXIT_BUDGET = 3  # the run stopped before its last step to keep the judge within --judge-budget
 
 
