@@ -164,14 +164,21 @@ def similar_scenarios(
     max_result_chars: int = 2000,
 ) -> dict[str, list[Scenario]]:
     """Each scenario's worked examples (`example_choice` similar), by id: the `n` train tasks
-    `_showable` among `tools` worded most like it (`task_wording`, compared as sequences of
-    words), other than itself or one worded the same; of two alike, the one with shorter
-    results. Only the task's words decide, as they would for a question a user asks."""
+    `_showable` among `tools` other than itself or one worded the same, first those whose
+    tools list the most of its quoted text among their choices (`_listed_choices`), then
+    those worded most like it (`task_wording`, compared as sequences of words), then those with
+    shorter results. Only the task and the tools decide, as they would for a question a user
+    asks: a conversion from "grain" to "pound" is shown one made with the tool whose units
+    list both, where every conversion task reads alike."""
     pool = _showable(scenarios, tools, max_result_chars)
     if n <= 0 or not pool:
         return {}
     wording = {s.id: task_wording(s.task) for s in scenarios}
     chars = {c.id: _result_chars(c) for c in pool}
+    choices = {t.name: _listed_choices(t.input_schema) for t in tools}
+    literals = {s.id: _quoted_literals(s.task) for s in scenarios}
+    accepts = {c.id: set().union(*(choices.get(x.tool, set()) for x in c.reference.calls))
+               for c in pool}  # fmt: skip
     likeness: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}
 
     def alike(a: tuple[str, ...], b: tuple[str, ...]) -> float:
@@ -183,8 +190,38 @@ def similar_scenarios(
     for s in scenarios:
         others = (c for c in pool if c.id != s.id and c.task != s.task)
         out[s.id] = heapq.nsmallest(  # the n best, not a sort of the pool per scenario
-            n, others, key=lambda c: (-alike(wording[s.id], wording[c.id]), chars[c.id], c.id)
+            n,
+            others,
+            key=lambda c: (
+                -sum(q in accepts[c.id] for q in literals[s.id]),
+                -alike(wording[s.id], wording[c.id]),
+                chars[c.id],
+                c.id,
+            ),
         )
+    return out
+
+
+def _quoted_literals(task: str) -> list[str]:
+    """The task's quoted texts, without their quotes, case-folded: what it names exactly."""
+    return [q[1:-1].strip().casefold() for q in _QUOTED.findall(task)]
+
+
+def _listed_choices(schema: Any) -> set[str]:
+    """Every string a JSON schema lists as a choice (`enum`, `const`), at any depth (inside
+    `anyOf`, `items` or `$defs`), case-folded: the values the tool names as its own."""
+    out: set[str] = set()
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "enum" and isinstance(value, list):
+                out.update(v.casefold() for v in value if isinstance(v, str))
+            elif key == "const" and isinstance(value, str):
+                out.add(value.casefold())
+            else:
+                out |= _listed_choices(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            out |= _listed_choices(item)
     return out
 
 
