@@ -1412,6 +1412,37 @@ def test_each_task_is_shown_the_train_tasks_worded_most_like_it_never_itself():
     assert similar_scenarios(scenarios, tools[1:], 1) == {}  # no call to a shown tool
 
 
+def test_a_task_is_shown_an_example_made_with_the_tool_that_lists_its_quoted_text():
+    """Every conversion task reads alike once quoted text and numbers are set aside; the tool
+    whose units list the task's own units decides which solved conversion it is shown."""
+    from mcprl.curriculum import similar_scenarios
+
+    def units(*names: str) -> dict:
+        unit = {"anyOf": [{"enum": list(names)}, {"type": "null"}]}  # an optional choice
+        return {"properties": {"value": {"type": "number"}, "from_unit": unit, "to_unit": unit}}
+
+    tools = [ToolInfo(name=n, input_schema=units(*u), annotations={"readOnlyHint": True})
+             for n, u in (("convert_area", ("acre", "hectare")),
+                          ("convert_mass", ("Grain", "pound", "gram")))]  # fmt: skip
+
+    def task(sid: str, tool: str, a: str, b: str, result: str = "x", split: str = "train"):
+        s = solved_scenario(sid, [(tool, {"from_unit": a, "to_unit": b}, result)], "1", split)
+        return s.model_copy(update={"task": f'Convert 3 from "{a}" to "{b}".'})
+
+    scenarios = [
+        task("area", "convert_area", "acre", "hectare"),  # the shorter results
+        task("mass", "convert_mass", "pound", "gram", result="x" * 40),
+        task("val-mass", "convert_mass", "grain", "pound", split="val"),
+        task("val-odd", "convert_mass", "furlong", "league", split="val"),
+    ]
+    picked = {sid: [s.id for s in shown] for sid, shown in
+              similar_scenarios(scenarios, tools, 1).items()}  # fmt: skip
+    assert picked["val-mass"] == ["mass"]  # "grain" and "pound" are mass units, in any case
+    assert picked["area"] == ["mass"] and picked["mass"] == ["area"]  # never itself
+    # units no tool lists: worded alike, the shorter results, as before
+    assert picked["val-odd"] == ["area"]
+
+
 @pytest.mark.anyio
 async def test_an_evaluation_reads_how_a_run_chose_its_worked_examples(tmp_path):
     from mcprl.evaluate import trained_examples
