@@ -304,8 +304,9 @@ class RolloutConfig(BaseModel):
     example_choice: Literal["kinds", "similar"] = Field(
         default="similar",
         description="kinds: the same worked examples for every task, one per kind of task; "
-        "similar: for each task the train tasks worded most like it (numbers, names and "
-        "quoted text aside), other than itself",
+        "similar: for each task the train tasks most like it, other than itself: first "
+        "those whose tools list its quoted text among their choices, then those worded most "
+        "like it (numbers, names and quoted text aside)",
     )
     example_messages: list[dict[str, Any]] = Field(
         default_factory=list,

@@ -125,8 +125,9 @@ ROLLOUT = [
         "--example-choice",
         "example_choice",
         "which train tasks --examples shows: kinds, the same for every task, one per kind of "
-        "task; similar, for each task those worded most like it (a retrieval of solved "
-        "examples by the task's words, as for a user's question)",
+        "task; similar, for each task those most like it (a retrieval of solved examples "
+        "by the task's words and the tools that list its quoted text, as for a user's "
+        "question)",
     ),
     Setting(
         "--results-as",
