@@ -74,8 +74,8 @@ from typing import Any, Literal, get_args
 from mcprl.errors import UsageError
 from mcprl.mcp import MCPSession, ToolInfo, tool_access, tool_info
 from mcprl.rewards import Informative, is_informative, success_key
-from mcprl.rollout import RolloutConfig, answer_type, solve_examples
-from mcprl.scenarios import Reference, Scenario, has_reference, polarity, question_kind
+from mcprl.rollout import RolloutConfig, solve_examples
+from mcprl.scenarios import Reference, Scenario, has_reference, question_kind
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
@@ -169,9 +169,7 @@ def similar_scenarios(
     those worded most like it (`task_wording`, compared as sequences of words), then those with
     shorter results. Only the task and the tools decide, as they would for a question a user
     asks: a conversion from "grain" to "pound" is shown one made with the tool whose units
-    list both, where every conversion task reads alike. A yes/no task whose examples all give
-    the same answer is shown the best that gives the other one as well (`n` + 1 examples), so
-    that the example's answer is never one to copy."""
+    list both, where every conversion task reads alike."""
     pool = _showable(scenarios, tools, max_result_chars)
     if n <= 0 or not pool:
         return {}
@@ -188,10 +186,12 @@ def similar_scenarios(
             likeness[a, b] = SequenceMatcher(None, a, b, autojunk=False).ratio()
         return likeness[a, b]
 
-    def ranked(s: Scenario, candidates: Iterable[Scenario], k: int) -> list[Scenario]:
-        return heapq.nsmallest(  # the k best, not a sort of the pool per scenario
-            k,
-            candidates,
+    out: dict[str, list[Scenario]] = {}
+    for s in scenarios:
+        others = (c for c in pool if c.id != s.id and c.task != s.task)
+        out[s.id] = heapq.nsmallest(  # the n best, not a sort of the pool per scenario
+            n,
+            others,
             key=lambda c: (
                 -sum(q in accepts[c.id] for q in literals[s.id]),
                 -alike(wording[s.id], wording[c.id]),
@@ -199,18 +199,6 @@ def similar_scenarios(
                 c.id,
             ),
         )
-
-    out: dict[str, list[Scenario]] = {}
-    for s in scenarios:
-        others = [c for c in pool if c.id != s.id and c.task != s.task]
-        shown = ranked(s, others, n)
-        said = {polarity(c.reference.answer) for c in shown}
-        if answer_type(s) == "yes/no" and len(said) == 1 and None not in said:
-            # the other answer too: shown only "yes", a trained model answered "yes" 22 times
-            # in 24 where the answer was "no" (sqlite, L252)
-            unsaid = [c for c in others if polarity(c.reference.answer) not in (*said, None)]
-            shown += ranked(s, unsaid, 1)
-        out[s.id] = shown
     return out
 
 

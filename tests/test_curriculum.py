@@ -1443,33 +1443,6 @@ def test_a_task_is_shown_an_example_made_with_the_tool_that_lists_its_quoted_tex
     assert picked["val-odd"] == ["area"]
 
 
-def test_a_yes_no_task_is_shown_both_answers_never_only_one_to_copy():
-    from mcprl.curriculum import similar_scenarios
-
-    tools = [ToolInfo(name="describe", input_schema={}, annotations={"readOnlyHint": True})]
-
-    def task(sid: str, column: str, answer: str, split: str = "train", result: str = "x"):
-        s = solved_scenario(sid, [("describe", {"t": "products"}, result)], answer, split)
-        return s.model_copy(update={"task": f'Is there a column named "{column}"?'})
-
-    scenarios = [
-        task("yes-1", "name", "yes"),
-        task("yes-2", "price", "yes"),
-        task("no-1", "drug", "no", result="x" * 30),  # longer: never the first pick
-        task("val", "always", "no", split="val"),
-        task("count", "colour", "3", result="x" * 60),  # a number: its examples as they were
-    ]
-    picked = {sid: [s.id for s in shown] for sid, shown in
-              similar_scenarios(scenarios, tools, 1).items()}  # fmt: skip
-    assert picked["val"] == ["yes-1", "no-1"]  # the best, then the best that says "no"
-    assert picked["no-1"] == ["yes-1"]  # no other "no", and a number is no "no"
-    assert picked["count"] == ["yes-1"]
-    two = similar_scenarios(scenarios, tools, 2)
-    assert [s.id for s in two["val"]] == ["yes-1", "yes-2", "no-1"]
-    only_yes = [s for s in scenarios if s.id != "no-1"]
-    assert [s.id for s in similar_scenarios(only_yes, tools, 1)["val"]] == ["yes-1"]
-
-
 @pytest.mark.anyio
 async def test_an_evaluation_reads_how_a_run_chose_its_worked_examples(tmp_path):
     from mcprl.evaluate import trained_examples
