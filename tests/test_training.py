@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mcprl.training._batch
 from mcprl.training import (
     LOSSES,
     LoraTrainer,
@@ -692,6 +693,63 @@ def test_a_groups_own_head_runs_once_for_its_micro_batches_with_the_same_gradien
     for share, checkpoint, beta in runs[1:3] + runs[4:]:
         got = grads[share, checkpoint, beta]
         _assert_same_gradient(got, grads[False, 512, beta], rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_a_turn_some_attempts_share_runs_once_for_them_with_the_same_gradient(
+    base_path, checkpoints, monkeypatch
+):
+    """Attempts of a group that made the same 70-token call, word for word, and then parted:
+    that turn, trained tokens and all, runs once for its rows (a micro-batch each), after the
+    group's worked example and the prompt, and the gradient is the one of every row run whole;
+    so with the KL term on, with the turn under layer checkpoints, with a second update (whose
+    ratio divides by log-probabilities taken before the first), and for GSPO's ratio over a
+    whole sequence."""
+    monkeypatch.setattr(mcprl.training._batch, "TURN_MINIMUM", 64)  # a short turn: a fast test
+    grads, tokens, turns = {}, {}, []
+    runs = [(False, {}), (True, {}), (True, {"checkpoint_prefix": 64}), (False, {"beta": 0.5}),
+            (True, {"beta": 0.5}), (False, {"updates_per_step": 2}),
+            (True, {"updates_per_step": 2}), (False, {"loss": "gspo"}),
+            (True, {"loss": "gspo"})]  # fmt: skip
+    plain = {"checkpoint_prefix": 64}  # the same pass: its gradient is the one without
+    for share, extra in runs:
+        torch.manual_seed(0)
+        trainer = LoraTrainer(base_path)
+        prompt = trainer.tokenizer.encode("You are a helpful assistant with tools. " * 8)
+        example = trainer.tokenizer.encode("Worked example: add 2 and 3, answer 5. " * 8)
+        calls = [list(range(1000, 1070)), list(range(2000, 2070))]
+        ends = [list(range(100 + 40 * i, 130 + 40 * i)) for i in range(5)]
+        completions = [*(calls[i // 2] + ends[i] for i in range(4)), ends[4]]
+        groups = [
+            _on_policy_group(
+                trainer, [*prompt, *example[g:], 21 + g], completions, [1, 0, 1, 0, 0.5]
+            )
+            for g in range(2)
+        ]
+        sequences, _ = build_sequences(groups)
+        batches = micro_batches(sequences, 64, 0, share_prefix=share)
+        tokens[share] = sum(b.input_ids.numel() for b in batches) + sum(
+            {id(b.turn): len(b.turn) for b in batches if b.turn is not None}.values()
+        )
+        normalization = "sequence" if extra.get("loss") == "gspo" else "token"
+        config = TrainConfig(max_grad_norm=None, learning_rate=1e-9, share_prefix=share,
+                             token_budget=64, normalization=normalization,
+                             **{"checkpoint_prefix": 512, **extra})  # fmt: skip
+        turns.clear()
+        trainer._turn_pass = _recording(trainer._turn_pass, turns)
+        checkpoints.clear()
+        trainer.step(groups, config)
+        grads[share, str(extra)] = _seen_gradient(trainer)
+    # each group: the row that made no call first, then the two rows of each call, apart
+    assert [None if b.turn is None else len(b.turn) for b in batches] == [None, *[70] * 4] * 2
+    assert all(b.input_ids.shape == (1, 31) for b in batches)  # the call's last token on
+    assert [b.loss_mask.shape[1] for b in batches] == [30, *[100] * 4] * 2
+    assert len(turns) == 4  # each call once, for its two rows' micro-batches
+    assert tokens[True] < 0.6 * tokens[False]
+    for share, extra in runs:
+        if share:
+            got, want = grads[True, str(extra)], grads[False, str({} if extra == plain else extra)]
+            _assert_same_gradient(got, want, rtol=1e-3)
 
 
 @pytest.fixture

@@ -10,7 +10,11 @@ Agent prompts start alike: every attempt of a step carries the same system promp
 `share_prefix`, a micro-batch holds the tokens its sequences share once (`MicroBatch.prefix`)
 and each sequence's own tail after it; the trainer runs the prefix once and the tails on its
 key/value cache, which is the same computation (same logits, same gradient) at a fraction of the
-tokens.
+tokens. Past it, a group's rows share their task (and its worked example: the group's head,
+`MicroBatch.head`), and often their first turn too: attempts that made the same call, word for
+word, got the same result, hundreds of tokens of a listing or a log. Such a turn runs once for
+its rows (`MicroBatch.turn`), trained tokens and all: a prediction the rows share is the same in
+each of them, so its log-probability is computed once and each row's loss reads it.
 
 Credit per call (`call_credit` > 0): an attempt's advantage is one number for all its tokens,
 so an attempt that made the first two calls of a three-call chain and then went wrong is pushed
@@ -191,6 +195,11 @@ class MicroBatch:
     advantages: torch.Tensor  # [b, 1], or [b, T-1] per prediction with credit per call
     prefix: torch.Tensor | None = None  # [P]: tokens every sequence starts with, run once
     head: torch.Tensor | None = None  # [H]: tokens after the prefix that this batch's rows share
+    # [U]: tokens after the head that these rows share, trained ones among them (the same call
+    # and its result): run once, `input_ids` are the tails after it, and `loss_mask`,
+    # `old_logprobs` and `advantages` (per prediction) cover the turn's predictions too, so
+    # they are [b, U + T - 1]
+    turn: torch.Tensor | None = None
 
 
 def shared_prefix_length(sequences: list[Sequence], minimum: int = 32) -> int:
@@ -220,6 +229,13 @@ HEAD_MINIMUM = 64
 """Tokens a group's rows share past the update's prefix (its task, a worked example shown to
 it) for the group to be packed in micro-batches of its own, that head run once for them all."""
 
+TURN_MINIMUM = 256
+"""Tokens some of a group's rows share past its head (the same first call, word for word, and
+the result it got) for them to be packed apart, those tokens run once for them (`MicroBatch.turn`).
+A git step's turns (a log, ~760 tokens) trained in 368 s instead of 574; a unit-converter step's
+(140-184 tokens, behind a 3,700-token prompt) in 410 s instead of 356, both beside other work
+(benchmarks/RESULTS.md): shorter turns stay in their rows until measured alone."""
+
 
 def micro_batches(
     sequences: list[Sequence], token_budget: int, pad_id: int, share_prefix: bool = False
@@ -229,7 +245,9 @@ def micro_batches(
     With `share_prefix`, the prefix all sequences share runs once and only the tails are
     padded; a group whose rows share `HEAD_MINIMUM` tokens or more past it (a task opened by its
     own worked examples) is packed apart, after the others, with those tokens as its
-    micro-batches' `head`, run once for the group (`LoraTrainer.step`). What the rows share
+    micro-batches' `head`, run once for the group (`LoraTrainer.step`); and its rows that go on
+    alike for `TURN_MINIMUM` tokens or more past it (`_turns`) apart again, that turn run once
+    for them (`MicroBatch.turn`). What the rows share
     (prefix, or prefix and head) counts once per micro-batch, up to half the budget: the tails
     hold the activations (about 2 MB a token on SmolLM2-135M, whatever the context), so a
     micro-batch gets between half the budget and all of it for them. Counting the whole prefix
@@ -260,10 +278,35 @@ def micro_batches(
         _collate(b, pad_id, prefix) for b in _packed(mixed, token_budget, prefix, counted(prefix))
     ]
     for start, rows in packs:  # the head runs once for the group, and counts with the prefix
-        out += [
-            _collate(b, pad_id, prefix, start)
-            for b in _packed(rows, token_budget, start, counted(start))
-        ]
+        for end, shared_rows in _turns(rows, start):  # and a turn once for the rows sharing it
+            out += [
+                _collate(b, pad_id, prefix, start, end)
+                for b in _packed(shared_rows, token_budget, end, counted(end))
+            ]
+    return out
+
+
+def _turns(rows: list[Sequence], start: int) -> list[tuple[int, list[Sequence]]]:
+    """A group's rows past its head (`start`) as (where their tails start, the rows): rows
+    that share `TURN_MINIMUM` tokens or more past it share them as a turn, which stops one token
+    before they part, so that each row predicts its first token of its own in its tail; the
+    others start at `start`. Every prediction of a shared token is the same in every row that
+    shares it: the rows' losses on it are taken from one pass (`LoraTrainer.token_logprobs`)."""
+    from mcprl.serving import common_prefix_length
+
+    buckets: dict[tuple[int, ...], list[Sequence]] = {}
+    for seq in rows:
+        buckets.setdefault(tuple(seq.tokens[start : start + TURN_MINIMUM + 1]), []).append(seq)
+    out: list[tuple[int, list[Sequence]]] = []
+    alone: list[Sequence] = []
+    for bucket in buckets.values():
+        length = common_prefix_length([s.tokens[start:] for s in bucket]) - 1
+        if len(bucket) > 1 and length >= TURN_MINIMUM:
+            out.append((start + length, bucket))
+        else:
+            alone += bucket
+    if alone:
+        out.insert(0, (start, alone))
     return out
 
 
@@ -282,18 +325,22 @@ def _packed(
     return batches
 
 
-def _collate(seqs: list[Sequence], pad_id: int, prefix: int = 0, start: int = 0) -> MicroBatch:
+def _collate(
+    seqs: list[Sequence], pad_id: int, prefix: int = 0, start: int = 0, end: int = 0
+) -> MicroBatch:
     """`seqs` as one micro-batch: `prefix` tokens shared by the update, up to `start` shared by
-    these rows (the head), then each row's own tail, padded."""
+    these rows (the head), up to `end` shared by them too (a turn, trained tokens among them),
+    then each row's own tail, padded. The loss's tensors cover the predictions from `start`."""
     start = max(start, prefix)
+    end = max(end, start)
     width = max(len(s.tokens) for s in seqs) - start
 
     def pad(values: list, fill) -> list:
         values = values[start:]
         return values + [fill] * (width - len(values))
 
-    ids = torch.tensor([pad(s.tokens, pad_id) for s in seqs])
-    attention = torch.tensor([pad([1] * len(s.tokens), 0) for s in seqs])
+    ids = torch.tensor([pad(s.tokens, pad_id)[end - start :] for s in seqs])
+    attention = torch.tensor([pad([1] * len(s.tokens), 0)[end - start :] for s in seqs])
     mask = torch.tensor([pad(s.mask, 0) for s in seqs], dtype=torch.float32)[:, 1:]
     old = torch.tensor([pad(s.old_logprobs, 0.0) for s in seqs], dtype=torch.float32)[:, 1:]
     if any(s.bonus is not None for s in seqs):  # per token: the attempt's plus its turn's
@@ -305,4 +352,5 @@ def _collate(seqs: list[Sequence], pad_id: int, prefix: int = 0, start: int = 0)
         adv = torch.tensor([[s.advantage] for s in seqs], dtype=torch.float32)
     shared = torch.tensor(seqs[0].tokens[:prefix]) if prefix else None
     head = torch.tensor(seqs[0].tokens[prefix:start]) if start > prefix else None
-    return MicroBatch(ids, attention, mask, old, adv, shared, head)
+    turn = torch.tensor(seqs[0].tokens[start:end]) if end > start else None
+    return MicroBatch(ids, attention, mask, old, adv, shared, head, turn)

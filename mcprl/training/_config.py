@@ -130,7 +130,9 @@ class TrainConfig(BaseModel):
     )
     share_prefix: bool = Field(
         default=True,
-        description="run the prompt prefix a micro-batch's sequences share once (same gradient)",
+        description="run once what sequences share: the prompt prefix of an update, a group's "
+        "head (its task and worked example), and a turn some of a group's attempts took alike "
+        "(the same call and its result), trained tokens and all (same gradient)",
     )
     checkpoint_prefix: int | None = Field(
         default=512,

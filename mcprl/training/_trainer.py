@@ -215,14 +215,21 @@ class LoraTrainer:
             shared = self._prefix_pass(batches, config.checkpoint_prefix)
             ref_kv = self._reference_prefix(batches) if config.beta > 0 else None
             head: _HeadPass | None = None  # a group's own head, run once for its micro-batches
-            for batch, own in zip(batches, olds, strict=True):
+            turn: _TurnPass | None = None  # a turn some of its rows share, run once for them
+            for i, (batch, own) in enumerate(zip(batches, olds, strict=True)):
                 if governor is not None:
                     governor.poll()
-                if head is not None and not head.runs(batch.head):
+                new_head = head is not None and not head.runs(batch.head)
+                if turn is not None and (new_head or not turn.runs(batch.turn)):
+                    turn.backward()  # into its head's leaves, before the head's own
+                    turn = None
+                if head is not None and new_head:
                     head.backward()
                     head = None
                 if head is None and batch.head is not None and shared is not None:
                     head = self._head_pass(batch.head, shared, config.checkpoint_prefix)
+                if turn is None and batch.turn is not None and head is not None:
+                    turn = self._turn_pass(batches[i:], head, config.checkpoint_prefix)
                 if config.old_logprobs == "sampler":
                     own = batch.old_logprobs
                 # a row longer than the budget is a micro-batch of its own, and would keep
@@ -233,7 +240,7 @@ class LoraTrainer:
                     loss_fn,
                     norm,
                     config.beta,
-                    head or shared,
+                    turn or head or shared,
                     ref_kv,
                     own,
                     checkpointed=long,
@@ -249,6 +256,8 @@ class LoraTrainer:
                 done += 1
                 if on_progress is not None:
                     on_progress(done, total)
+            if turn is not None:
+                turn.backward()
             if head is not None:
                 head.backward()  # into the shared prefix's leaves, before theirs
             if shared is not None:
@@ -302,6 +311,28 @@ class LoraTrainer:
         checkpointed = _reaches(head, checkpoint_from)
         return _HeadPass(body, head.to(self.device), checkpointed=checkpointed, past=shared.kv)
 
+    def _turn_pass(
+        self, batches: list[MicroBatch], head: _HeadPass, checkpoint_from: int | None = None
+    ) -> _TurnPass:
+        """The turn of `batches[0]` (`MicroBatch.turn`), which some rows of a group share, run
+        once after their head for all their micro-batches (`batches` up to the first with
+        another turn), with its predictions' log-probabilities where one of their rows trains
+        them: its gradient reaches the head through `head`'s leaves."""
+        batch, turn = batches[0], batches[0].turn
+        keep = torch.zeros(len(turn), dtype=torch.bool)
+        for other in batches:
+            if other.turn is None or not torch.equal(other.turn, turn):
+                break
+            keep |= other.loss_mask[:, : len(turn)].bool().any(0)
+        return _TurnPass(
+            self.model.get_base_model(),
+            turn.to(self.device),
+            batch.input_ids[0, 0].to(self.device),
+            head.kv,
+            keep.to(self.device),
+            _reaches(turn, checkpoint_from),
+        )
+
     def _logprobs_before(self, batches: list[MicroBatch]) -> list[torch.Tensor]:
         """Each micro-batch's log-probabilities under the policy as it is, without gradients."""
         out = []
@@ -314,6 +345,7 @@ class LoraTrainer:
                         batch.loss_mask.to(self.device),
                         prefix=_on(batch.prefix, self.device),
                         head=_on(batch.head, self.device),
+                        turn=_on(batch.turn, self.device),
                     )
                 )
         return out
@@ -351,14 +383,17 @@ class LoraTrainer:
         sampled = batch.old_logprobs.to(self.device)
         adv = batch.advantages.to(self.device)
         prefix, head = _on(batch.prefix, self.device), _on(batch.head, self.device)
+        turn = _on(batch.turn, self.device)
         new = self.token_logprobs(
             ids,
             attention,
             mask,
             prefix=prefix,
             prefix_kv=shared.kv if shared else None,
-            # the step hands a micro-batch with a head that head's pass, or else runs it here
+            # the step hands a micro-batch with a head that head's pass, or else runs it here;
+            # and one with a turn that turn's pass (which holds the head's keys and values)
             head=None if isinstance(shared, _HeadPass) else head,
+            turn=shared if isinstance(shared, _TurnPass) else turn,
             checkpointed=checkpointed,
         )
         old = new.detach() if old is None else old.to(self.device)
@@ -370,7 +405,7 @@ class LoraTrainer:
         if beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref = self.token_logprobs(
-                    ids, attention, mask, prefix=prefix, prefix_kv=ref_kv, head=head
+                    ids, attention, mask, prefix=prefix, prefix_kv=ref_kv, head=head, turn=turn
                 )
             kl = norm(kl_k3(new, ref), mask)
             loss = loss + beta * kl
@@ -393,6 +428,7 @@ class LoraTrainer:
         prefix: torch.Tensor | None = None,
         prefix_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         head: torch.Tensor | None = None,
+        turn: torch.Tensor | _TurnPass | None = None,
         checkpointed: bool = False,
     ) -> torch.Tensor:
         """log p(token t | tokens < t) for t = 1..T-1, as [batch, T-1] float32.
@@ -404,12 +440,20 @@ class LoraTrainer:
         gradients flow through both. `prefix_kv`: that cache, already computed (`_PrefixPass`).
         `head` ([H] tokens after the prefix, before every row): run once after the prefix, the
         rows continuing from both (`MicroBatch.head`).
+        `turn` ([U] tokens after the head, before every row, trained ones among them; or its
+        `_TurnPass`, whose keys and values then stand for the prefix's and head's too): run
+        once, its predictions' log-probabilities the same in every row, so the result is
+        [batch, U + T - 1], the turn's predictions first (`MicroBatch.turn`).
         `checkpointed`: the rows' layers run under activation checkpoints (`_layer_checkpoints`:
         the same values and gradient, for one more forward pass of the rows).
         """
         causal_lm = self.model.get_base_model()
         body = causal_lm.model
-        if prefix is None and head is None:
+        shared = None  # the turn's log-probabilities, [U]
+        if isinstance(turn, _TurnPass):
+            hidden = self._after_prefix(body, turn.kv, ids, attention, checkpointed)
+            shared, mask = turn.logprobs, None if mask is None else mask[:, len(turn.tokens) :]
+        elif prefix is None and head is None and turn is None:
             hidden = self._hidden(ids, attention, checkpointed)
         else:
             kv = prefix_kv
@@ -417,17 +461,26 @@ class LoraTrainer:
                 kv = run_prefix(body, prefix)
             if head is not None:
                 kv = run_prefix(body, head, past=kv)
+            if turn is not None:
+                keep = None if mask is None else mask[:, : len(turn)].bool().any(0)
+                turn_hidden, kv = _run_turn(body, turn, kv)
+                shared = _turn_logprobs(causal_lm, turn_hidden, turn, ids[0, 0], keep)
+                mask = None if mask is None else mask[:, len(turn) :]
             assert kv is not None
             hidden = self._after_prefix(body, kv, ids, attention, checkpointed)
         hidden, targets = hidden[:, :-1], ids[:, 1:]
         if mask is None:
             logits = causal_lm.lm_head(hidden).float()
-            return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
-        keep = mask.bool()
-        logits = causal_lm.lm_head(hidden[keep]).float()
-        picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[keep][:, None])[:, 0]
-        out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
-        return out.index_put((keep,), picked)
+            out = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+        else:
+            keep = mask.bool()
+            logits = causal_lm.lm_head(hidden[keep]).float()
+            picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[keep][:, None])[:, 0]
+            out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
+            out = out.index_put((keep,), picked)
+        if shared is None:
+            return out
+        return torch.cat([shared[None].expand(len(ids), -1), out], dim=1)
 
     @staticmethod
     def _after_prefix(
@@ -611,6 +664,76 @@ class _HeadPass(_PrefixPass):
     def runs(self, head: torch.Tensor | None) -> bool:
         """Whether this pass is the head `head`."""
         return head is not None and torch.equal(head.to(self.tokens.device), self.tokens)
+
+
+class _TurnPass(_HeadPass):
+    """A turn some rows of a group share (`MicroBatch.turn`), run once after their head (`past`)
+    for all their micro-batches: its keys and values, and the log-probabilities of its
+    predictions (`logprobs`, [U]: of its tokens 2..U, then of the rows' first tail token,
+    which they share), which the rows read through detached leaves whose gradients add up over
+    the micro-batches; `backward()` sends both through the turn's graph, into `past`'s leaves.
+    `keep`: [U], where some row trains a prediction (only those are projected onto the
+    vocabulary)."""
+
+    def __init__(
+        self,
+        causal_lm: Any,
+        turn: torch.Tensor,
+        first: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]],
+        keep: torch.Tensor,
+        checkpointed: bool = False,
+    ) -> None:
+        self.tokens = turn
+        hidden, kv = _run_turn(causal_lm.model, turn, past, checkpointed)
+        logprobs = _turn_logprobs(causal_lm, hidden, turn, first, keep)
+        self.outputs = [*kv, (logprobs,)]
+        leaves = [
+            tuple(t.detach().requires_grad_(t.requires_grad) for t in out) for out in self.outputs
+        ]
+        self.kv, self.logprobs = leaves[:-1], leaves[-1][0]
+
+    def backward(self) -> None:
+        self.kv = [*self.kv, (self.logprobs,)]  # the outputs' leaves, pair by pair
+        super().backward()
+
+
+def _run_turn(
+    body: Any,
+    turn: torch.Tensor,
+    past: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    checkpointed: bool = False,
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """`turn`'s last hidden states ([U, d]) after `past`, and the keys and values of both (as
+    `run_prefix`'s), with layer checkpoints where `checkpointed`."""
+    from transformers import DynamicCache
+
+    if checkpointed:
+        with _layer_checkpoints(body, past) as cache:
+            out = body(input_ids=turn[None], past_key_values=cache, use_cache=True)
+    else:
+        cache = DynamicCache()
+        for i, (keys, values) in enumerate(past or ()):
+            cache.update(keys, values, i)
+        out = body(input_ids=turn[None], past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[0], [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _turn_logprobs(
+    causal_lm: Any,
+    hidden: torch.Tensor,
+    turn: torch.Tensor,
+    first: torch.Tensor,
+    keep: torch.Tensor | None,
+) -> torch.Tensor:
+    """log p of `turn`'s tokens 2..U and of `first` (the token after it), from its hidden
+    states ([U, d]), [U] float32; zero where `keep` is False (no row trains that prediction)."""
+    targets = torch.cat([turn[1:], first.reshape(1)])
+    keep = torch.ones_like(targets, dtype=torch.bool) if keep is None else keep
+    logits = causal_lm.lm_head(hidden[keep]).float()
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[keep][:, None])[:, 0]
+    out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
+    return out.index_put((keep,), picked)
 
 
 def _reaches(tokens: torch.Tensor | None, checkpoint_from: int | None) -> bool:
