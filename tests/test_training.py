@@ -728,9 +728,9 @@ def test_a_turn_some_attempts_share_runs_once_for_them_with_the_same_gradient(
         ]
         sequences, _ = build_sequences(groups)
         batches = micro_batches(sequences, 64, 0, share_prefix=share)
-        tokens[share] = sum(b.input_ids.numel() for b in batches) + sum(
-            {id(b.turn): len(b.turn) for b in batches if b.turn is not None}.values()
-        )
+        once = {tuple(t.tolist()) for b in batches for t in (b.prefix, b.head, b.turn)
+                if t is not None}  # fmt: skip
+        tokens[share] = sum(b.input_ids.numel() for b in batches) + sum(map(len, once))
         normalization = "sequence" if extra.get("loss") == "gspo" else "token"
         config = TrainConfig(max_grad_norm=None, learning_rate=1e-9, share_prefix=share,
                              token_budget=64, normalization=normalization,
