@@ -954,6 +954,54 @@ def test_the_layers_of_a_training_pass_keep_one_additive_mask_for_backward():
     assert (kept, their_kept) == (1, 3)
 
 
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_rows_after_shared_positions_run_as_one_sequence_with_the_same_values_and_gradient(
+    checkpointed, monkeypatch
+):
+    """A micro-batch's rows after the positions they share (the prompt, a group's head, a turn)
+    run as one sequence of their tokens, padding left out, each token seeing the shared keys
+    and values and its own row up to itself: the hidden states and the gradient of a padded
+    batch, and the shared keys and values kept once for the backward pass, not once a row."""
+    from transformers import LlamaConfig, LlamaModel
+
+    import mcprl.training._trainer as trainer_module
+    from mcprl.serving import CPU_ATTENTION, prefix_kv
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip
+    body = LlamaModel(config)
+    body.set_attn_implementation(CPU_ATTENTION)
+    shared = torch.randint(0, 64, (23,))
+    ids = torch.randint(0, 64, (3, 9))
+    attention = torch.ones(3, 9, dtype=torch.long)
+    attention[1, 6:] = 0  # rows of 9, 6 and 2 tokens, right-padded
+    attention[2, 2:] = 0
+    results = []
+    for packed in (False, True):
+        monkeypatch.setattr(trainer_module, "PACK_ROWS", packed)
+        body.zero_grad()
+        kv = prefix_kv(body, shared)
+        sizes: list[int] = []
+
+        def keep(t: torch.Tensor, sizes=sizes) -> torch.Tensor:
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            hidden = LoraTrainer._after_prefix(body, kv, ids, attention, checkpointed)
+        real = hidden[attention.bool()]
+        real.square().sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in body.parameters() if p.grad is not None])
+        results.append((real.detach(), grads, sum(sizes)))
+    (batch, batch_grad, batch_saved), (packed, packed_grad, packed_saved) = results
+    torch.testing.assert_close(packed, batch, rtol=1e-4, atol=1e-5)
+    _assert_same_gradient(packed_grad, batch_grad)
+    assert packed_saved < batch_saved  # the shared keys and values once, and no padding
+
+
 def _assert_same_gradient(got: torch.Tensor, want: torch.Tensor, rtol: float = 1e-4) -> None:
     """Equal up to float32 summation order, over the whole gradient: the kernels differ between
     CPUs (on an AVX2-only EPYC, 1 of 2.4M entries fell outside an elementwise rtol of 1e-4, with

@@ -490,10 +490,15 @@ class LoraTrainer:
         attention,
         checkpointed: bool = False,
     ) -> torch.Tensor:
+        """The rows' last hidden states ([rows, T, d]) after `kv`, the keys and values of the
+        positions every row starts with (batch 1). Several rows run as one sequence of their
+        tokens (`PACK_ROWS`, `_packed_rows`)."""
         from mcprl.serving import expanded_cache
 
         rows, width = ids.shape
         start = kv[0][0].shape[-2]
+        if PACK_ROWS and rows > 1 and kv[0][0].shape[0] == 1:
+            return _packed_rows(body, kv, ids, attention, checkpointed)
         full = torch.cat([attention.new_ones(rows, start), attention], dim=1)
         positions = torch.arange(start, start + width, device=ids.device).expand(rows, -1)
         inputs = {"input_ids": ids, "attention_mask": full, "position_ids": positions}
@@ -734,6 +739,49 @@ def _turn_logprobs(
     picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[keep][:, None])[:, 0]
     out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
     return out.index_put((keep,), picked)
+
+
+PACK_ROWS = True
+"""Whether the rows of a micro-batch after shared positions run as one sequence
+(`_packed_rows`) rather than as a batch."""
+
+
+def _packed_rows(
+    body: Any,
+    kv: list[tuple[torch.Tensor, torch.Tensor]],
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    checkpointed: bool = False,
+) -> torch.Tensor:
+    """The rows' last hidden states ([rows, T, d], zeros at padding) after `kv` (batch 1), the
+    rows run as one sequence of their tokens, padding left out: each token attends to all of
+    `kv` and to its own row's tokens up to itself (a block-causal mask), at the position it
+    has in its row. The same values as a batch of rows (`LoraTrainer._after_prefix`), without
+    what a batch costs behind a long shared head: a batch's attention reads `kv` through a copy
+    per row of its keys and values at every layer, kept for the backward pass (on git, 8 rows
+    after ~2,800 shared positions: ~1 GB), and runs its padding through every layer."""
+    rows, width = ids.shape
+    start = kv[0][0].shape[-2]
+    keep = attention.bool()  # right-padded: a row's tokens come first
+    row = torch.arange(rows, device=ids.device)[:, None].expand(rows, width)[keep]
+    column = torch.arange(width, device=ids.device).expand(rows, width)[keep]
+    own = (row[:, None] == row[None, :]) & (column[None, :] <= column[:, None])
+    mask = torch.cat([own.new_ones(len(row), start), own], dim=1)[None, None]
+    inputs = {
+        "input_ids": ids[keep][None],
+        "attention_mask": mask,
+        "position_ids": (column + start)[None],
+    }
+    if checkpointed:
+        with _layer_checkpoints(body, kv) as cache:
+            hidden = body(**inputs, past_key_values=cache, use_cache=True).last_hidden_state
+    else:
+        from mcprl.serving import expanded_cache
+
+        cache = expanded_cache(kv, 1)
+        hidden = body(**inputs, past_key_values=cache, use_cache=True).last_hidden_state
+    out = hidden.new_zeros(rows, width, hidden.shape[-1])
+    return out.index_put((keep,), hidden[0])
 
 
 def _reaches(tokens: torch.Tensor | None, checkpoint_from: int | None) -> bool:
