@@ -2,7 +2,7 @@
 
     python benchmarks/step_memory.py RUN_DIR/trajectories/train/0001.jsonl [--budgets 2048 1024]
         [--checkpoint-rows on off] [--checkpoint-prefix 2048 512] [--heads on off]
-        [--turns on off] [--packed on off]
+        [--turns on off] [--turn-minimum 256 64] [--packed on off]
 
 Each budget (`TrainConfig.token_budget`: padded tokens per micro-batch) runs one
 `LoraTrainer.step` on the stored groups, with a fresh LoRA on SmolLM2-135M, in a process of its
@@ -15,7 +15,8 @@ prompt head of that many tokens or more checkpointed (`TrainConfig.checkpoint_pr
 prefix, such as its worked example) run once per micro-batch (`mcprl.training._batch.HEAD_MINIMUM`;
 off: every row runs it); `--turns on off` with and without the turns some of a group's rows share
 (the same call, word for word, and its result) run once for them (`mcprl.training._batch.
-TURN_MINIMUM`; off: each row runs its own); `--packed on off` with a micro-batch's rows after
+TURN_MINIMUM`; off: each row runs its own), `--turn-minimum 256 64` with turns of that many
+tokens or more; `--packed on off` with a micro-batch's rows after
 shared positions run as one sequence of their tokens and as a padded batch
 (`mcprl.training._trainer.PACK_ROWS`). Everything else is `TrainConfig`'s defaults.
 """
@@ -50,6 +51,7 @@ def child(
     heads: bool = True,
     turns: bool = True,
     packed: bool = True,
+    turn_minimum: int | None = None,
 ) -> dict:
     import mcprl.training._batch
     import mcprl.training._trainer
@@ -64,6 +66,8 @@ def child(
     if not turns:
         mcprl.training._batch.TURN_MINIMUM = 1 << 30
     mcprl.training._trainer.PACK_ROWS = packed
+    if turns and turn_minimum:
+        mcprl.training._batch.TURN_MINIMUM = turn_minimum
     groups = read_groups(groups_path)
     trainer = LoraTrainer(resolve_model("smollm2-135m"), dtype=dtype, device="cpu")
     loaded = _status("VmRSS")
@@ -85,6 +89,7 @@ def child(
         "heads": heads,
         "turns": turns,
         "packed": packed,
+        "turn_minimum": mcprl.training._batch.TURN_MINIMUM,
         "loaded_gb": loaded,
         "peak_gb": _status("VmHWM"),
         "after_gb": _status("VmRSS"),
@@ -119,6 +124,10 @@ def main() -> None:
         help="a turn some rows share run once for them (default: on, the default)",
     )  # fmt: skip
     p.add_argument(
+        "--turn-minimum", type=int, nargs="+", default=[0],
+        help="tokens a shared turn takes at least (default: TURN_MINIMUM)",
+    )  # fmt: skip
+    p.add_argument(
         "--packed", nargs="+", choices=["on", "off"], default=["on"],
         help="a micro-batch's rows run as one sequence (default: on, the default)",
     )  # fmt: skip
@@ -128,12 +137,13 @@ def main() -> None:
     p.add_argument("--own-heads", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     p.add_argument("--own-turns", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
     p.add_argument("--own-packed", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
+    p.add_argument("--own-minimum", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         rows, heads, turns = args.rows == "on", args.own_heads == "on", args.own_turns == "on"
         out = child(
             args.groups, args.child, args.dtype, args.threads, rows, args.prefix, heads, turns,
-            args.own_packed == "on",
+            args.own_packed == "on", args.own_minimum,
         )  # fmt: skip
         print(json.dumps(out))
         return
@@ -142,15 +152,15 @@ def main() -> None:
           "| shared turns | packed | micro-batches | trainer loaded | peak RSS | after "
           "| step s |")  # fmt: skip
     print("| ---: | --- | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    configs = [(budget, rows, prefix, heads, turns, packed) for budget in args.budgets
+    configs = [(budget, rows, prefix, heads, turns, packed, minimum) for budget in args.budgets
                for rows in args.checkpoint_rows for prefix in args.checkpoint_prefix
                for heads in args.heads for turns in args.turns
-               for packed in args.packed]  # fmt: skip
-    for budget, rows, prefix, heads, turns, packed in configs:
+               for packed in args.packed for minimum in args.turn_minimum]  # fmt: skip
+    for budget, rows, prefix, heads, turns, packed, minimum in configs:
         out = subprocess.run(
             [sys.executable, __file__, args.groups, "--child", str(budget),
-             "--rows", rows, "--own-heads", heads, "--own-turns", turns, "--own-packed", packed,
-             "--dtype", args.dtype,
+             "--rows", rows, "--own-heads", heads, "--own-turns", turns,
+             "--own-packed", packed, "--own-minimum", str(minimum), "--dtype", args.dtype,
              *(["--prefix", str(prefix)] if prefix is not None else []),
              *(["--threads", str(args.threads)] if args.threads else [])],
             check=True, capture_output=True, text=True, cwd=ROOT,
@@ -158,7 +168,8 @@ def main() -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         head = "default" if prefix is None else (prefix or "never")
         print(
-            f"| {budget} | {rows} | {head} | {heads} | {turns} | {packed} | {r['micro_batches']} | "
+            f"| {budget} | {rows} | {head} | {heads} | {turns} "
+            f"({r['turn_minimum'] if turns == 'on' else '-'}) | {packed} | {r['micro_batches']} | "
             f"{r['loaded_gb']:.2f} GB | **{r['peak_gb']:.2f} GB** | "
             f"{r['after_gb']:.2f} GB | {r['seconds']:.1f} |",
             flush=True,

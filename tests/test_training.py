@@ -705,7 +705,7 @@ def test_a_turn_some_attempts_share_runs_once_for_them_with_the_same_gradient(
     so with the KL term on, with the turn under layer checkpoints, with a second update (whose
     ratio divides by log-probabilities taken before the first), and for GSPO's ratio over a
     whole sequence."""
-    monkeypatch.setattr(mcprl.training._batch, "TURN_MINIMUM", 64)  # a short turn: a fast test
+    monkeypatch.setattr(mcprl.training._batch, "TURN_MINIMUM", 64)  # pinned: a 70-token turn
     grads, tokens, turns = {}, {}, []
     runs = [(False, {}), (True, {}), (True, {"checkpoint_prefix": 64}), (False, {"beta": 0.5}),
             (True, {"beta": 0.5}), (False, {"updates_per_step": 2}),

@@ -229,12 +229,14 @@ HEAD_MINIMUM = 64
 """Tokens a group's rows share past the update's prefix (its task, a worked example shown to
 it) for the group to be packed in micro-batches of its own, that head run once for them all."""
 
-TURN_MINIMUM = 256
+TURN_MINIMUM = 64
 """Tokens some of a group's rows share past its head (the same first call, word for word, and
 the result it got) for them to be packed apart, those tokens run once for them (`MicroBatch.turn`).
-A git step's turns (a log, ~760 tokens) trained in 368 s instead of 574; a unit-converter step's
-(140-184 tokens, behind a 3,700-token prompt) in 410 s instead of 356, both beside other work
-(benchmarks/RESULTS.md): shorter turns stay in their rows until measured alone."""
+A git step's turns (a log, ~760 tokens) trained in 368 s instead of 574 (beside other work).
+With the rows packed (`mcprl.training._trainer.PACK_ROWS`), turns from 64 tokens paid too,
+against 256: a calculator step 66.0 -> 46.8 s, unit-converter 184.7 -> 158.9 s, catalog 120.5
+-> 104.6 s, sqlite 47.9 -> 45.4 s, their peaks 0.02-0.32 GB higher (at most 4.09 GB), alone
+(benchmarks/RESULTS.md)."""
 
 
 def micro_batches(
