@@ -473,11 +473,7 @@ class LoraTrainer:
             logits = causal_lm.lm_head(hidden).float()
             out = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
         else:
-            keep = mask.bool()
-            logits = causal_lm.lm_head(hidden[keep]).float()
-            picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[keep][:, None])[:, 0]
-            out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
-            out = out.index_put((keep,), picked)
+            out = _picked_logprobs(causal_lm, hidden, targets, mask.bool())
         if shared is None:
             return out
         return torch.cat([shared[None].expand(len(ids), -1), out], dim=1)
@@ -496,9 +492,9 @@ class LoraTrainer:
         from mcprl.serving import expanded_cache
 
         rows, width = ids.shape
-        start = kv[0][0].shape[-2]
         if PACK_ROWS and rows > 1 and kv[0][0].shape[0] == 1:
             return _packed_rows(body, kv, ids, attention, checkpointed)
+        start = kv[0][0].shape[-2]
         full = torch.cat([attention.new_ones(rows, start), attention], dim=1)
         positions = torch.arange(start, start + width, device=ids.device).expand(rows, -1)
         inputs = {"input_ids": ids, "attention_mask": full, "position_ids": positions}
@@ -706,22 +702,30 @@ class _TurnPass(_HeadPass):
 def _run_turn(
     body: Any,
     turn: torch.Tensor,
-    past: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    past: list[tuple[torch.Tensor, torch.Tensor]],
     checkpointed: bool = False,
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
     """`turn`'s last hidden states ([U, d]) after `past`, and the keys and values of both (as
     `run_prefix`'s), with layer checkpoints where `checkpointed`."""
-    from transformers import DynamicCache
+    out, cache = _run_after(body, past, {"input_ids": turn[None]}, checkpointed)
+    return out.last_hidden_state[0], [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _run_after(
+    body: Any,
+    past: list[tuple[torch.Tensor, torch.Tensor]],
+    inputs: dict[str, torch.Tensor],
+    checkpointed: bool = False,
+) -> tuple[Any, Any]:
+    """`body(**inputs)` (batch 1) after `past`'s keys and values, under layer checkpoints where
+    `checkpointed`: (its output, the cache that then holds both)."""
+    from mcprl.serving import expanded_cache
 
     if checkpointed:
         with _layer_checkpoints(body, past) as cache:
-            out = body(input_ids=turn[None], past_key_values=cache, use_cache=True)
-    else:
-        cache = DynamicCache()
-        for i, (keys, values) in enumerate(past or ()):
-            cache.update(keys, values, i)
-        out = body(input_ids=turn[None], past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[0], [(layer.keys, layer.values) for layer in cache.layers]
+            return body(**inputs, past_key_values=cache, use_cache=True), cache
+    cache = expanded_cache(past, 1)
+    return body(**inputs, past_key_values=cache, use_cache=True), cache
 
 
 def _turn_logprobs(
@@ -735,6 +739,14 @@ def _turn_logprobs(
     states ([U, d]), [U] float32; zero where `keep` is False (no row trains that prediction)."""
     targets = torch.cat([turn[1:], first.reshape(1)])
     keep = torch.ones_like(targets, dtype=torch.bool) if keep is None else keep
+    return _picked_logprobs(causal_lm, hidden, targets, keep)
+
+
+def _picked_logprobs(
+    causal_lm: Any, hidden: torch.Tensor, targets: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
+    """log p of `targets` from `hidden` (`targets`' shape, then d) where `keep`, float32, zero
+    elsewhere: only the kept positions are projected onto the vocabulary."""
     logits = causal_lm.lm_head(hidden[keep]).float()
     picked = torch.log_softmax(logits, dim=-1).gather(-1, targets[keep][:, None])[:, 0]
     out = torch.zeros(targets.shape, dtype=picked.dtype, device=picked.device)
@@ -772,14 +784,7 @@ def _packed_rows(
         "attention_mask": mask,
         "position_ids": (column + start)[None],
     }
-    if checkpointed:
-        with _layer_checkpoints(body, kv) as cache:
-            hidden = body(**inputs, past_key_values=cache, use_cache=True).last_hidden_state
-    else:
-        from mcprl.serving import expanded_cache
-
-        cache = expanded_cache(kv, 1)
-        hidden = body(**inputs, past_key_values=cache, use_cache=True).last_hidden_state
+    hidden = _run_after(body, kv, inputs, checkpointed)[0].last_hidden_state
     out = hidden.new_zeros(rows, width, hidden.shape[-1])
     return out.index_put((keep,), hidden[0])
 
