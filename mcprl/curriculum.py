@@ -65,17 +65,18 @@ import heapq
 import math
 import random
 import re
+import zlib
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any, Literal, get_args
 
 from mcprl.errors import UsageError
 from mcprl.mcp import MCPSession, ToolInfo, tool_access, tool_info
-from mcprl.rewards import Informative, is_informative, success_key
+from mcprl.rewards import Informative, answer_matches, is_informative, success_key
 from mcprl.rollout import RolloutConfig, solve_examples
-from mcprl.scenarios import Reference, Scenario, has_reference, question_kind
+from mcprl.scenarios import Reference, Scenario, has_reference, polarity, question_kind
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
@@ -169,7 +170,10 @@ def similar_scenarios(
     those worded most like it (`task_wording`, compared as sequences of words), then those with
     shorter results. Only the task and the tools decide, as they would for a question a user
     asks: a conversion from "grain" to "pound" is shown one made with the tool whose units
-    list both, where every conversion task reads alike."""
+    list both, where every conversion task reads alike. Except that of those alike, a train
+    task is shown one whose answer tells nothing of its own (`_answer_teller`): on git, 6 of
+    13 train tasks were shown their own answer and none of the 5 held out, and the trained
+    model answered every held-out task with its example's answer (RESULTS.md, L256)."""
     pool = _showable(scenarios, tools, max_result_chars)
     if n <= 0 or not pool:
         return {}
@@ -180,6 +184,8 @@ def similar_scenarios(
     accepts = {c.id: set().union(*(choices.get(x.tool, set()) for x in c.reference.calls))
                for c in pool}  # fmt: skip
     likeness: dict[tuple[tuple[str, ...], tuple[str, ...]], float] = {}
+    coins = _yes_no_coins(scenarios)
+    tells = {s.id: _answer_teller(s, coins.get(s.id)) for s in scenarios}
 
     def alike(a: tuple[str, ...], b: tuple[str, ...]) -> float:
         if (a, b) not in likeness:
@@ -195,11 +201,43 @@ def similar_scenarios(
             key=lambda c: (
                 -sum(q in accepts[c.id] for q in literals[s.id]),
                 -alike(wording[s.id], wording[c.id]),
+                tells[s.id](c),
                 chars[c.id],
                 c.id,
             ),
         )
     return out
+
+
+def _yes_no_coins(scenarios: Sequence[Scenario]) -> dict[str, str]:
+    """For each train task answered yes or no, the answer its example should give: of the
+    tasks answered yes, half (taken in the order of their ids, hashed) are shown a yes and half
+    a no, and so are the tasks answered no. So the example's answer says nothing of the task's,
+    and neither copying it nor answering the opposite earns more than a guess."""
+    sides: dict[str, list[str]] = {}
+    for s in scenarios:
+        answer = s.reference.answer if s.split == "train" and s.reference is not None else None
+        if answer is not None and (side := polarity(answer)) is not None:
+            sides.setdefault(side, []).append(s.id)
+    out = {}
+    for ids in sides.values():
+        for i, sid in enumerate(sorted(ids, key=lambda x: (zlib.crc32(x.encode()), x))):
+            out[sid] = ("yes", "no")[i % 2]
+    return out
+
+
+def _answer_teller(task: Scenario, coin: str | None) -> Callable[[Scenario], bool]:
+    """For a train task with a reference answer, whether an example would tell its answer away,
+    so that one is shown only where no other is alike: a yes or no is told by an example whose
+    answer is not `coin` (`_yes_no_coins`), any other answer by an example scored right for it
+    (`answer_matches`). A val task is a question as a user asks it: its answer, unknown, picks
+    nothing."""
+    ref = task.reference
+    if task.split != "train" or ref is None or ref.answer is None:
+        return lambda example: False
+    if coin is not None:
+        return lambda example: polarity(example.reference.answer or "") != coin
+    return lambda example: answer_matches(example.reference.answer, ref)
 
 
 def _quoted_literals(task: str) -> list[str]:

@@ -1412,6 +1412,38 @@ def test_each_task_is_shown_the_train_tasks_worded_most_like_it_never_itself():
     assert similar_scenarios(scenarios, tools[1:], 1) == {}  # no call to a shown tool
 
 
+def test_a_train_task_is_shown_an_example_whose_answer_tells_nothing_of_its_own():
+    """Copying the example's answer must earn a train task no more than a guess: of the
+    examples alike, one with another answer, and of yes/no tasks answered alike half are shown
+    a yes and half a no. A val task's answer picks nothing (a user's question has none)."""
+    from mcprl.curriculum import similar_scenarios
+
+    tools = [ToolInfo(name="git_log", input_schema={}, annotations={"readOnlyHint": True})]
+
+    def task(sid: str, text: str, answer: str, split: str = "train", result: str = "x"):
+        s = solved_scenario(sid, [("git_log", {}, result)], answer, split=split)
+        return s.model_copy(update={"task": text})
+
+    who = "Who wrote the commit {}?"
+    scenarios = [
+        task("who-1", who.format('"Add soup"'), "Ben Ode"),
+        task("who-2", who.format('"Add pie"'), "Ben Ode", result="xx"),
+        task("who-3", who.format('"Add tea"'), "Ana Silva", result="x" * 9),
+        task("val-who", who.format('"Add jam"'), "Ben Ode", split="val"),
+        *(task(f"yes-{i}", f'Is there a commit named "Y{i}"?', "yes") for i in range(4)),
+        *(task(f"no-{i}", f'Is there a commit named "N{i}"?', "No") for i in range(4)),
+    ]
+    picked = similar_scenarios(scenarios, tools, 1)
+    answer = {sid: shown[0].reference.answer for sid, shown in picked.items()}
+    # by the shortest results alike, who-1 and who-2 would be shown each other: their answer
+    assert answer["who-1"] == answer["who-2"] == "Ana Silva"
+    assert answer["who-3"] == "Ben Ode"
+    assert [s.id for s in picked["val-who"]] == ["who-1"]  # as before: the shortest alike
+    for side in ("yes", "no"):
+        shown = sorted(answer[f"{side}-{i}"].lower() for i in range(4))
+        assert shown == ["no", "no", "yes", "yes"], side
+
+
 def test_a_task_is_shown_an_example_made_with_the_tool_that_lists_its_quoted_text():
     """Every conversion task reads alike once quoted text and numbers are set aside; the tool
     whose units list the task's own units decides which solved conversion it is shown."""
