@@ -170,16 +170,73 @@ def answer_matches(answer: str | None, reference: Reference) -> bool:
     its last place ("32.8854" accepts 32.88535 to 32.88545, so also the tool's unrounded
     32.885424...). Where the scenario names a `tolerance`, that relative tolerance applies
     instead. Either way a relative 1e-9 absorbs floating-point noise.
+
+    A text answer that also names a rival is wrong: another value that the reference's
+    results give in the field where they give the expected one (`_rivals`). On
+    mcp-server-git, "Ben Ode (Chloe Park)" named two authors of the log and scored 1.0 for
+    Chloe Park, and the model learned to answer every author question so (L258).
     """
     if answer is None or reference.answer is None:
         return False
     expected = reference.answer
     if written_precision(expected) is None:
-        return _text_matches(answer, expected)
+        if not _text_matches(answer, expected):
+            return False
+        return not any(_text_matches(answer, rival) for rival in _rivals(reference))
     if reference.tolerance is not None:
         target = float(expected.strip().replace(",", ""))
         return any(_close(x, target, reference.tolerance) for x in _numbers(answer))
     return any(equals_as_written(x, expected) for x in _numbers(answer))
+
+
+_FIELD = re.compile(r"^[ \t]*([^:\n]{1,40}?)[ \t]*:[ \t]*(\S[^\n]*?)[ \t]*$", re.M)
+
+
+def _rivals(reference: Reference) -> set[str]:
+    """The other values the reference's results give in the field that holds its answer: in
+    a JSON result, the values under the key whose value is the answer, wherever that key
+    occurs; in a text result, the values of the lines "Key: value" whose key is that of a
+    line whose value is the answer ("Author: Ben Ode" in a git log). None where the answer is
+    a yes or no, or where no field holds it as its whole value. A rival that contains the
+    answer as words, or that the answer contains, is not one."""
+    expected = reference.answer
+    if expected is None or polarity(expected) is not None:
+        return set()
+    wanted = normalize(expected)
+    values: dict[str, set[str]] = {}  # per field, the values the results give
+    for call in reference.calls:
+        for key, value in _fields(call.result or ""):
+            values.setdefault(key, set()).add(value)
+    rivals = set()
+    for field in values.values():
+        if any(normalize(v) == wanted for v in field):
+            rivals |= {v for v in field if normalize(v) and not _overlaps(normalize(v), wanted)}
+    return rivals
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return f" {a} " in f" {b} " or f" {b} " in f" {a} "
+
+
+def _fields(text: str) -> list[tuple[str, str]]:
+    """A result's (field, value) pairs: a JSON result's keys and their number or string
+    values, at any depth; else its lines that read "Key: value"."""
+    try:
+        stack = [json.loads(text)]
+    except json.JSONDecodeError:
+        return [(k.strip().casefold(), v) for k, v in _FIELD.findall(text)]
+    out = []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                if isinstance(value, (dict, list)):
+                    stack.append(value)
+                elif isinstance(value, (int, float, str)) and not isinstance(value, bool):
+                    out.append((str(key), str(value)))
+        elif isinstance(item, list):
+            stack.extend(item)
+    return out
 
 
 def _text_matches(answer: str, expected: str) -> bool:

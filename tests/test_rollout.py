@@ -853,6 +853,29 @@ def test_reference_answers_numbers_and_text():
     assert not answer_matches("It was Ben Oder.", Reference(answer="Ben Ode"))  # whole words
 
 
+def test_a_text_answer_that_also_names_a_rival_from_the_results_is_wrong():
+    """ "Ben Ode (Chloe Park)" named two authors of a git log and scored as Chloe Park's; a
+    rival is another value of the field that holds the answer, in text or JSON results."""
+    log = "\n\n".join(f"Commit: {i}\nAuthor: {who}\nMessage: {what}" for i, (who, what) in
+                       enumerate([("Ben Ode", "Add soup"), ("Chloe Park", "Add curry"),
+                                  ("Ben Ode Jr", "Add tea")]))  # fmt: skip
+    ref = Reference(answer="Chloe Park", calls=[ReferenceCall(tool="git_log", result=log)])
+    assert answer_matches("Chloe Park", ref)
+    assert answer_matches("The author of Add curry is Chloe Park.", ref)  # other fields: fine
+    assert not answer_matches("Ben Ode (Chloe Park)", ref)
+    assert not answer_matches("Chloe Park or Ben Ode Jr", ref)
+    # a value that contains the answer, or that it contains, is no rival
+    ben = Reference(answer="Ben Ode", calls=[ReferenceCall(tool="git_log", result=log)])
+    assert answer_matches("Ben Ode", ben) and not answer_matches("Ben Ode, Chloe Park", ben)
+    rows = json.dumps([{"title": "Emma", "author": "Jane Austen"},
+                       {"title": "Dracula", "author": "Bram Stoker"}])  # fmt: skip
+    emma = Reference(answer="Emma", calls=[ReferenceCall(tool="search", result=rows)])
+    assert answer_matches("Emma, by Jane Austen", emma)
+    assert not answer_matches("Emma or Dracula", emma)
+    # no results to read: as before
+    assert answer_matches("Ben Ode (Chloe Park)", Reference(answer="Chloe Park"))
+
+
 @pytest.mark.parametrize(
     "answer, expected, right",
     [
