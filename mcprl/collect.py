@@ -217,6 +217,7 @@ _MEANS = (
     "repeated_calls",
     "repeats_retried",
     "guessed_answer",
+    "stock_answer",
 )
 
 

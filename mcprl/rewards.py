@@ -60,6 +60,7 @@ import json
 import logging
 import math
 import re
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -75,6 +76,7 @@ from mcprl.scenarios import (
     equals_as_written,
     normalize,
     polarity,
+    question_kind,
     same_text,
     written_precision,
 )
@@ -512,6 +514,14 @@ class ReferenceReward(BaseModel):
     tool_only: float = Field(
         default=0.5, ge=0, le=1, description="a reference call's credit for the right tool alone"
     )
+    stock_window: int = Field(
+        default=0,
+        ge=0,
+        description="a run's training attempts only: a right answer to a grounded task that "
+        "the policy gave to most attempts at other tasks of its kind, where it was wrong, in "
+        "the latest `stock_window` groups of that kind, is a stock answer and scores as wrong "
+        "(`StockAnswers`); 0: off",
+    )
 
     @model_validator(mode="after")
     def _answer_dominates(self) -> ReferenceReward:
@@ -535,6 +545,11 @@ class RewardParts(BaseModel):
         description="1 if the answer was right but the reference `needs_calls` the attempt "
         "did not make (it then scores as wrong)",
     )
+    stock: float = Field(
+        default=0.0,
+        description="1 if the answer was right but is a stock answer (`StockAnswers`): it "
+        "then scores as wrong",
+    )
     reward: float
 
     def metrics(self) -> dict[str, float]:
@@ -545,13 +560,18 @@ class RewardParts(BaseModel):
             "reward_reported": self.reported,
             "repeated_calls": self.repeated_calls,
             "guessed_answer": self.guessed,
+            "stock_answer": self.stock,
         }
 
 
 def reward_parts(
-    trajectory: Trajectory, scenario: Scenario, weights: ReferenceReward | None = None
+    trajectory: Trajectory,
+    scenario: Scenario,
+    weights: ReferenceReward | None = None,
+    stock: Callable[[str | None], bool] | None = None,
 ) -> RewardParts:
-    """The reference reward and its components; raises if the scenario has no reference."""
+    """The reference reward and its components; raises if the scenario has no reference.
+    `stock`: whether a final answer is a stock answer (`StockAnswers.of`), scored as wrong."""
     ref = scenario.reference
     if ref is None or (ref.answer is None and not ref.calls):
         raise UsageError(f"scenario {scenario.id!r} has no reference answer or calls")
@@ -569,6 +589,8 @@ def reward_parts(
     answer = float(answer_matches(trajectory.final_answer(), ref))
     guessed = float(bool(answer) and ref.needs_calls and not _called_tools(made, ref))
     answer -= guessed
+    stocked = float(bool(answer) and stock is not None and stock(trajectory.final_answer()))
+    answer -= stocked
     reported = float(_reported_result(trajectory, made, ref, any_tool=w.report_any_tool))
     reward = 1.0 if answer else w.calls_weight * own + w.report_weight * reported
     return RewardParts(
@@ -577,8 +599,68 @@ def reward_parts(
         reported=reported,
         repeated_calls=repeats,
         guessed=guessed,
+        stock=stocked,
         reward=reward,
     )
+
+
+STOCK_SHARE = 0.5
+
+
+@dataclass
+class _Seen:
+    scenario_id: str
+    reference: Reference
+    answers: list[str]  # each attempt's final answer ("" for none)
+
+
+class StockAnswers:
+    """What a run's policy answered, per kind of grounded task (`question_kind` and the
+    reference's tools), over the latest `window` groups of each kind: an answer that most
+    attempts (`STOCK_SHARE`) at the other tasks of a kind gave where it was wrong is a stock
+    answer, given whatever the task, and is no evidence of having read the result. On
+    mcp-server-git (L258) the trained policy answered "Ben Ode" to every author question and
+    "no" to every yes/no: right on 2 of 5 and 3 of 4 train tasks, so from step 4 on 85-90% of
+    its training successes were answers it gave, in the same step, to a task of the kind where
+    they were wrong, and it never read the log. Stateful: one per run, fed every scored group
+    in order (`scorer`); the first groups of a kind have nothing to compare with."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self._seen: dict[tuple[str, ...], deque[_Seen]] = {}
+
+    @staticmethod
+    def kind(scenario: Scenario) -> tuple[str, ...] | None:
+        asks, ref = question_kind(scenario), scenario.reference
+        if asks is None or ref is None or ref.answer is None:
+            return None
+        return (asks, *(c.tool for c in ref.calls))
+
+    def of(self, scenario: Scenario) -> Callable[[str | None], bool] | None:
+        """Whether an answer to `scenario` is a stock answer; None where nothing is known."""
+        kind = self.kind(scenario)
+        others = [g for g in self._seen.get(kind, ()) if g.scenario_id != scenario.id]
+        if kind is None or not others:
+            return None
+
+        def stock(answer: str | None) -> bool:
+            if not answer:
+                return False
+            said = Reference(answer=answer)
+            wrong = [g for g in others if not answer_matches(answer, g.reference)]
+            tries = sum(len(g.answers) for g in wrong)
+            gave = sum(answer_matches(a, said) for g in wrong for a in g.answers)
+            return tries > 0 and gave >= STOCK_SHARE * tries
+
+        return stock
+
+    def add(self, scenario: Scenario, answers: list[str | None]) -> None:
+        """Remember a scored group's final answers."""
+        kind = self.kind(scenario)
+        if kind is None or self.window <= 0:
+            return
+        seen = self._seen.setdefault(kind, deque(maxlen=self.window))
+        seen.append(_Seen(scenario.id, scenario.reference, [a or "" for a in answers]))
 
 
 def reference_reward(
@@ -628,6 +710,8 @@ def scorer(
     if reference_weight <= 0 and ruler_weight <= 0:
         raise UsageError("give reference_weight or ruler_weight a positive weight")
 
+    stock_answers = StockAnswers(reference.stock_window) if reference is not None else None
+
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
         if not group.trajectories:
             return group
@@ -639,7 +723,11 @@ def scorer(
         if reference_weight > 0:
             if scenario is None or scenario.reference is None:
                 raise UsageError(f"no reference for scenario {group.scenario_id!r}")
-            ref_parts = [reward_parts(t, scenario, reference) for t in group.trajectories]
+            stock = None
+            if stock_answers is not None and stock_answers.window:
+                stock = stock_answers.of(scenario)
+                stock_answers.add(scenario, [t.final_answer() for t in group.trajectories])
+            ref_parts = [reward_parts(t, scenario, reference, stock) for t in group.trajectories]
             ref_scores = [p.reward for p in ref_parts]
             for t, p in zip(group.trajectories, ref_parts, strict=True):
                 t.metrics.update(p.metrics())

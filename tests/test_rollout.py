@@ -677,6 +677,53 @@ def test_calls_made_for_a_guided_attempt_earn_it_no_credit():
     assert reward_parts(attempt([add, divide], "3", guided=1), chain).reward == 1.0
 
 
+def test_an_answer_the_policy_gives_whatever_the_task_is_a_stock_answer_in_training():
+    """With `stock_window`, a right answer that most attempts at another task of its kind gave
+    where it was wrong scores as wrong (and is counted); one that varies with the task keeps
+    its credit. Off by default, and a kind starts with nothing to compare with."""
+    from mcprl.collect import summarize
+    from mcprl.rewards import ReferenceReward
+
+    log = "Author: Ben Ode\nMessage: Add soup\n\nAuthor: Chloe Park\nMessage: Add curry"
+
+    def task(sid: str, answer: str) -> Scenario:
+        calls = [ReferenceCall(tool="git_log", arguments={}, result=log)]
+        ref = Reference(answer=answer, needs_calls=True, calls=calls)
+        return Scenario(id=sid, task=f"Who wrote {sid}?", difficulty=1, reference=ref,
+                        tags=["grounded", "lookup"])  # fmt: skip
+
+    soup, curry = task("soup", "Ben Ode"), task("curry", "Chloe Park")
+    by_id = {"soup": soup, "curry": curry}
+
+    def group(sid: str, *answers: str) -> TrajectoryGroup:
+        trajectories = []
+        for answer in answers:
+            c = call("git_log", {})
+            messages = [{"role": "assistant", "content": None, "tool_calls": [c]},
+                        {"role": "tool", "tool_call_id": c["id"], "content": log}]  # fmt: skip
+            trajectories.append(Trajectory(messages=messages, metadata={"final_answer": answer}))
+        return TrajectoryGroup(trajectories=trajectories, scenario_id=sid)
+
+    def rewards(score, g: TrajectoryGroup) -> list[float]:
+        return [t.reward for t in anyio.run(score, g).trajectories]
+
+    stock = scorer(by_id, reference=ReferenceReward(stock_window=4))
+    assert rewards(stock, group("curry", "Ben Ode", "Ben Ode", "Ben Ode", "Chloe Park")) == [
+        pytest.approx(0.3), pytest.approx(0.3), pytest.approx(0.3), 1.0,
+    ]  # fmt: skip  # the first of its kind: nothing to compare with
+    soup_group = group("soup", "Ben Ode", "Ben Ode", "Chloe Park", "Ben Ode")
+    assert rewards(stock, soup_group) == [pytest.approx(0.3)] * 4  # 3 of 4 said it at curry
+    assert summarize([soup_group], by_id)["stock_answer"] == 0.75
+    # an answer that varies with the task keeps its credit: curry's attempts said Chloe Park
+    varied = scorer(by_id, reference=ReferenceReward(stock_window=4))
+    rewards(varied, group("curry", "Chloe Park", "Chloe Park", "Ben Ode", "Chloe Park"))
+    assert rewards(varied, group("soup", "Ben Ode", "Ben Ode")) == [1.0, 1.0]
+    # off by default
+    plain = scorer(by_id)
+    rewards(plain, group("curry", "Ben Ode", "Ben Ode"))
+    assert rewards(plain, group("soup", "Ben Ode", "Ben Ode")) == [1.0, 1.0]
+
+
 def test_a_right_guess_about_the_servers_data_is_not_a_success():
     """A yes or no is right half the time without looking: where the reference `needs_calls`
     (grounded tasks), the answer counts only after a good call of each tool it calls (no error,
