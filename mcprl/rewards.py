@@ -514,14 +514,6 @@ class ReferenceReward(BaseModel):
     tool_only: float = Field(
         default=0.5, ge=0, le=1, description="a reference call's credit for the right tool alone"
     )
-    stock_window: int = Field(
-        default=0,
-        ge=0,
-        description="a run's training attempts only: a right answer to a grounded task that "
-        "the policy gave to most attempts at other tasks of its kind, where it was wrong, in "
-        "the latest `stock_window` groups of that kind, is a stock answer and scores as wrong "
-        "(`StockAnswers`); 0: off",
-    )
 
     @model_validator(mode="after")
     def _answer_dominates(self) -> ReferenceReward:
@@ -547,8 +539,8 @@ class RewardParts(BaseModel):
     )
     stock: float = Field(
         default=0.0,
-        description="1 if the answer was right but is a stock answer (`StockAnswers`): it "
-        "then scores as wrong",
+        description="1 if the answer was right but is a stock answer (`StockAnswers`): "
+        "counted, still right",
     )
     reward: float
 
@@ -571,7 +563,8 @@ def reward_parts(
     stock: Callable[[str | None], bool] | None = None,
 ) -> RewardParts:
     """The reference reward and its components; raises if the scenario has no reference.
-    `stock`: whether a final answer is a stock answer (`StockAnswers.of`), scored as wrong."""
+    `stock`: whether a final answer is a stock answer (`StockAnswers.of`), counted in `stock`
+    (the answer is still right)."""
     ref = scenario.reference
     if ref is None or (ref.answer is None and not ref.calls):
         raise UsageError(f"scenario {scenario.id!r} has no reference answer or calls")
@@ -590,7 +583,6 @@ def reward_parts(
     guessed = float(bool(answer) and ref.needs_calls and not _called_tools(made, ref))
     answer -= guessed
     stocked = float(bool(answer) and stock is not None and stock(trajectory.final_answer()))
-    answer -= stocked
     reported = float(_reported_result(trajectory, made, ref, any_tool=w.report_any_tool))
     reward = 1.0 if answer else w.calls_weight * own + w.report_weight * reported
     return RewardParts(
@@ -605,6 +597,7 @@ def reward_parts(
 
 
 STOCK_SHARE = 0.5
+STOCK_WINDOW = 4  # groups of a kind remembered
 
 
 @dataclass
@@ -622,10 +615,12 @@ class StockAnswers:
     mcp-server-git (L258) the trained policy answered "Ben Ode" to every author question and
     "no" to every yes/no: right on 2 of 5 and 3 of 4 train tasks, so from step 4 on 85-90% of
     its training successes were answers it gave, in the same step, to a task of the kind where
-    they were wrong, and it never read the log. Stateful: one per run, fed every scored group
-    in order (`scorer`); the first groups of a kind have nothing to compare with."""
+    they were wrong, and it never read the log. Counted (`stock_answer` in a run's history),
+    not penalised: scored as wrong, they left a git run with no group to train on in its
+    first three steps, demonstrations included (L260). Stateful: one per `scorer`, fed every
+    scored group in order; the first groups of a kind have nothing to compare with."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int = STOCK_WINDOW) -> None:
         self.window = window
         self._seen: dict[tuple[str, ...], deque[_Seen]] = {}
 
@@ -710,7 +705,7 @@ def scorer(
     if reference_weight <= 0 and ruler_weight <= 0:
         raise UsageError("give reference_weight or ruler_weight a positive weight")
 
-    stock_answers = StockAnswers(reference.stock_window) if reference is not None else None
+    stock_answers = StockAnswers()
 
     async def score(group: TrajectoryGroup) -> TrajectoryGroup | None:
         if not group.trajectories:
@@ -723,10 +718,8 @@ def scorer(
         if reference_weight > 0:
             if scenario is None or scenario.reference is None:
                 raise UsageError(f"no reference for scenario {group.scenario_id!r}")
-            stock = None
-            if stock_answers is not None and stock_answers.window:
-                stock = stock_answers.of(scenario)
-                stock_answers.add(scenario, [t.final_answer() for t in group.trajectories])
+            stock = stock_answers.of(scenario)
+            stock_answers.add(scenario, [t.final_answer() for t in group.trajectories])
             ref_parts = [reward_parts(t, scenario, reference, stock) for t in group.trajectories]
             ref_scores = [p.reward for p in ref_parts]
             for t, p in zip(group.trajectories, ref_parts, strict=True):

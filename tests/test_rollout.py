@@ -677,12 +677,13 @@ def test_calls_made_for_a_guided_attempt_earn_it_no_credit():
     assert reward_parts(attempt([add, divide], "3", guided=1), chain).reward == 1.0
 
 
-def test_an_answer_the_policy_gives_whatever_the_task_is_a_stock_answer_in_training():
-    """With `stock_window`, a right answer that most attempts at another task of its kind gave
-    where it was wrong scores as wrong (and is counted); one that varies with the task keeps
-    its credit. Off by default, and a kind starts with nothing to compare with."""
+def test_an_answer_the_policy_gives_whatever_the_task_is_counted_as_a_stock_answer():
+    """A right answer that most attempts at another task of its kind gave where it was wrong
+    is counted (`stock_answer`, and said on the step's console line), and stays right; one
+    that varies with the task is no stock answer, and a kind starts with nothing to compare
+    with."""
     from mcprl.collect import summarize
-    from mcprl.rewards import ReferenceReward
+    from mcprl.console import _step_line
 
     log = "Author: Ben Ode\nMessage: Add soup\n\nAuthor: Chloe Park\nMessage: Add curry"
 
@@ -704,24 +705,29 @@ def test_an_answer_the_policy_gives_whatever_the_task_is_a_stock_answer_in_train
             trajectories.append(Trajectory(messages=messages, metadata={"final_answer": answer}))
         return TrajectoryGroup(trajectories=trajectories, scenario_id=sid)
 
-    def rewards(score, g: TrajectoryGroup) -> list[float]:
-        return [t.reward for t in anyio.run(score, g).trajectories]
+    def stock(score, g: TrajectoryGroup) -> list[float]:
+        scored = anyio.run(score, g)
+        assert [t.reward for t in scored.trajectories] == [
+            1.0 if answer_matches(t.final_answer(), by_id[g.scenario_id].reference) else
+            pytest.approx(0.3) for t in scored.trajectories
+        ]  # fmt: skip  # rewards as without the count
+        return [t.metrics["stock_answer"] for t in scored.trajectories]
 
-    stock = scorer(by_id, reference=ReferenceReward(stock_window=4))
-    assert rewards(stock, group("curry", "Ben Ode", "Ben Ode", "Ben Ode", "Chloe Park")) == [
-        pytest.approx(0.3), pytest.approx(0.3), pytest.approx(0.3), 1.0,
-    ]  # fmt: skip  # the first of its kind: nothing to compare with
+    score = scorer(by_id)
+    first = group("curry", "Ben Ode", "Ben Ode", "Ben Ode", "Chloe Park")
+    assert stock(score, first) == [0.0] * 4  # the first of its kind: nothing to compare with
     soup_group = group("soup", "Ben Ode", "Ben Ode", "Chloe Park", "Ben Ode")
-    assert rewards(stock, soup_group) == [pytest.approx(0.3)] * 4  # 3 of 4 said it at curry
-    assert summarize([soup_group], by_id)["stock_answer"] == 0.75
-    # an answer that varies with the task keeps its credit: curry's attempts said Chloe Park
-    varied = scorer(by_id, reference=ReferenceReward(stock_window=4))
-    rewards(varied, group("curry", "Chloe Park", "Chloe Park", "Ben Ode", "Chloe Park"))
-    assert rewards(varied, group("soup", "Ben Ode", "Ben Ode")) == [1.0, 1.0]
-    # off by default
-    plain = scorer(by_id)
-    rewards(plain, group("curry", "Ben Ode", "Ben Ode"))
-    assert rewards(plain, group("soup", "Ben Ode", "Ben Ode")) == [1.0, 1.0]
+    assert stock(score, soup_group) == [1.0, 1.0, 0.0, 1.0]  # 3 of 4 said it at curry
+    summary = summarize([soup_group], by_id)
+    assert summary["stock_answer"] == 0.75 and summary["success"] == 0.75
+    row = {"step": 4, **{f"train/{k}": v for k, v in summary.items()}, "train/attempts": 4.0}
+    assert "3 of the successes an answer it also gave to other tasks" in _step_line(
+        row, 10, "reward"
+    )
+    # an answer that varies with the task is none: curry's attempts said Chloe Park
+    varied = scorer(by_id)
+    stock(varied, group("curry", "Chloe Park", "Chloe Park", "Ben Ode", "Chloe Park"))
+    assert stock(varied, group("soup", "Ben Ode", "Ben Ode")) == [0.0, 0.0]
 
 
 def test_a_right_guess_about_the_servers_data_is_not_a_success():

@@ -235,15 +235,6 @@ RUN = [
         "judge), else RULER with a configured judge",
     ),
     Setting(
-        "--stock-answers",
-        "reference_reward.stock_window",
-        "score as wrong a right answer to a grounded task that the policy gave to most "
-        "attempts at other tasks of its kind, where it was wrong, in the latest N groups of "
-        "that kind: an answer given whatever the task (training only; see RESULTS.md)",
-        "0: off",
-        metavar="N",
-    ),
-    Setting(
         "--judge",
         "judge",
         "LiteLLM model for RULER",
