@@ -57,11 +57,14 @@ def _step_line(row: dict[str, Any], steps: int, informative: str) -> str:
     shown = train("attempts_demonstrated", 0)
     released = train("groups_released", 0)
     success = row.get("train/success")
-    own = ""
+    notes = []
     if "train/own_attempts" in row:  # the loop started some attempts: what the model did alone
-        own = f" (its own attempts {train('own_successes'):.0f} of {train('own_attempts'):.0f})"
+        notes.append(
+            f"its own attempts {train('own_successes'):.0f} of {train('own_attempts'):.0f}"
+        )
     if stock := round(train("stock_answer", 0) * train("attempts", 0)):  # `StockAnswers`
-        own += f"; {stock} of the successes an answer it also gave to other tasks, where wrong"
+        notes.append(f"{stock} by an answer it also gave to other tasks, where wrong")
+    own = f" ({'; '.join(notes)})" if notes else ""
     return (
         f"step {row['step']}/{steps}: reward {train('reward_mean'):.3f} "
         f"± {train('reward_std'):.3f}"

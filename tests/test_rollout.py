@@ -721,7 +721,7 @@ def test_an_answer_the_policy_gives_whatever_the_task_is_counted_as_a_stock_answ
     summary = summarize([soup_group], by_id)
     assert summary["stock_answer"] == 0.75 and summary["success"] == 0.75
     row = {"step": 4, **{f"train/{k}": v for k, v in summary.items()}, "train/attempts": 4.0}
-    assert "3 of the successes an answer it also gave to other tasks" in _step_line(
+    assert "success 75% (3 by an answer it also gave to other tasks, where wrong)" in _step_line(
         row, 10, "reward"
     )
     # an answer that varies with the task is none: curry's attempts said Chloe Park
