@@ -652,7 +652,7 @@ class StockAnswers:
     def add(self, scenario: Scenario, answers: list[str | None]) -> None:
         """Remember a scored group's final answers."""
         kind = self.kind(scenario)
-        if kind is None or self.window <= 0:
+        if kind is None:
             return
         seen = self._seen.setdefault(kind, deque(maxlen=self.window))
         seen.append(_Seen(scenario.id, scenario.reference, [a or "" for a in answers]))
