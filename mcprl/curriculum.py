@@ -33,9 +33,12 @@ drawn more often. Per scenario, a task the policy half-solves keeps winning the 
 policy learns that task's numbers: in a calculator run (seed 0), "3 to the power of 2" was
 drawn at steps 4 and 5, its attempts that called `power` with base 2 (right tool, wrong numbers)
 beat the `add` calls around them, and at step 9 five of eight attempts at "7 to the power of 3"
-called `power(base=2, exponent=3)`. `mode="curriculum"` makes the estimate per scenario (an
-earlier default); `mode="uniform"` draws every scenario with the same weight (the baseline
-this is measured against).
+called `power(base=2, exponent=3)`. Where a kind of grounded question shares answers, its
+least-drawn answer comes first (`answer_key`): on mcp-server-git, 2 of the 5 author questions
+were Ben Ode's commits and 3 of the 4 yes/no questions were answered no, and the trained
+policy gave those answers whatever the question (RESULTS.md, L258). `mode="curriculum"` makes
+the estimate per scenario (an earlier default); `mode="uniform"` draws every scenario with the
+same weight (the baseline this is measured against).
 Draws are weighted, without replacement, and seeded by (seed, step, round): a resumed run that
 replays the same history draws the same scenarios.
 
@@ -76,7 +79,14 @@ from mcprl.errors import UsageError
 from mcprl.mcp import MCPSession, ToolInfo, tool_access, tool_info
 from mcprl.rewards import Informative, answer_matches, is_informative, success_key
 from mcprl.rollout import RolloutConfig, solve_examples
-from mcprl.scenarios import Reference, Scenario, has_reference, polarity, question_kind
+from mcprl.scenarios import (
+    Reference,
+    Scenario,
+    has_reference,
+    normalize,
+    polarity,
+    question_kind,
+)
 from mcprl.types import TrajectoryGroup
 
 __all__ = [
@@ -386,6 +396,21 @@ def relabel_subtask(group: TrajectoryGroup, scenario: Scenario, step: int) -> Sc
     return part
 
 
+def answer_key(scenario: Scenario) -> str:
+    """What a grounded question's answer is, for drawing a kind's answers evenly: "yes" or
+    "no", else the number it is, else its words (case, accents and punctuation aside). Other
+    tasks (no `question_kind`, or no reference answer) are keyed by their own id: a written
+    task set such as the calculator's picks each task's numbers, and only questions asked of
+    one server's data keep coming back to the same few answers."""
+    ref = scenario.reference
+    if ref is None or ref.answer is None or question_kind(scenario) is None:
+        return f"id:{scenario.id}"
+    try:
+        return f"number:{float(ref.answer.strip().replace(',', ''))!r}"
+    except ValueError:
+        return polarity(ref.answer) or normalize(ref.answer)
+
+
 @dataclass
 class ScenarioStats:
     """What the training groups of one scenario (or kind) did so far.
@@ -448,6 +473,7 @@ class ScenarioSampler:
         self._kind = {s.id: task_kind(s) for s in self.scenarios}
         self._by_kind = {kind: ScenarioStats() for kind in self._kind.values()}
         self._calls = {s.id: _reference_calls(s) for s in self.scenarios}
+        self._answer = {s.id: answer_key(s) for s in self.scenarios}
 
     def add(self, scenarios: Iterable[Scenario]) -> None:
         """Put more scenarios in the pool (hindsight tasks); ids it has already are skipped."""
@@ -459,6 +485,7 @@ class ScenarioSampler:
             self._kind[s.id] = task_kind(s)
             self._by_kind.setdefault(self._kind[s.id], ScenarioStats())
             self._calls[s.id] = _reference_calls(s)
+            self._answer[s.id] = answer_key(s)
 
     def observe(self, groups: Iterable[TrajectoryGroup]) -> None:
         """Record scored groups (unknown scenario ids are ignored)."""
@@ -578,14 +605,28 @@ class ScenarioSampler:
             kind = rng.choices(names, weights=odds)[0]
             options = kinds[kind]
             if self.mode == "fresh":
-                least = min(self.stats[s.id].groups for s in options)
-                chosen = rng.choice([s for s in options if self.stats[s.id].groups == least])
+                chosen = rng.choice(self._least_drawn(options))
             else:
                 chosen = rng.choices(options, weights=[self.weight(s) for s in options])[0]
             out.append(chosen)
             pool.remove(chosen)
             repeats[kind] += 1
         return out
+
+    def _least_drawn(self, options: list[Scenario]) -> list[Scenario]:
+        """Of one kind's `options`, those whose answer the kind's groups gave least often, and
+        of those the least drawn: a kind's answers come up evenly (`answer_key`), so always
+        giving one of them earns no more than any other. Where every task of the kind has its
+        own answer (or none), the least-drawn tasks, as before."""
+        kind = self._kind[options[0].id]
+        answers = Counter(
+            self._answer[s.id] for s in self.scenarios for _ in range(self.stats[s.id].groups)
+            if self._kind[s.id] == kind
+        )  # fmt: skip
+        least = min(answers[self._answer[s.id]] for s in options)
+        rare = [s for s in options if answers[self._answer[s.id]] == least]
+        fewest = min(self.stats[s.id].groups for s in rare)
+        return [s for s in rare if self.stats[s.id].groups == fewest]
 
     def summary(self) -> dict[str, float]:
         """Scenarios seen, and how many of them look solved, unsolved or informative so far."""

@@ -168,6 +168,29 @@ def test_fresh_sampling_draws_a_kinds_unseen_scenarios_before_repeating_one():
     assert by_scenario.weight(powers[0]) > by_scenario.weight(powers[1])  # the repeat is favoured
 
 
+def test_fresh_sampling_draws_a_grounded_kinds_answers_evenly():
+    def asked(sid: str, answer: str, tags: tuple[str, ...] = ("grounded", "exists")) -> Scenario:
+        call = ReferenceCall(tool="git_log", arguments={})
+        ref = Reference(answer=answer, calls=[call])
+        return Scenario(id=sid, task=f"Is there a commit {sid}?", difficulty=1, reference=ref,
+                        tags=list(tags))  # fmt: skip
+
+    def answers(scenarios: list[Scenario]) -> list[str]:
+        sampler, said = ScenarioSampler(scenarios, seed=0, mode="fresh"), []
+        for step in range(1, 9):
+            (drawn,) = sampler.draw(1, step=step)
+            said.append(drawn.reference.answer)
+            sampler.observe([_group(drawn.id, [1.0, 0.0])])
+        return said
+
+    # three of the four questions are answered no: "no" to everything would be right 3 times in 4
+    questions = [asked("a", "no"), asked("b", "No"), asked("c", "no"), asked("d", "yes")]
+    assert answers(questions).count("yes") == 4  # of 8 draws: the answers come up evenly
+    # a written task set (no question kind) draws its tasks evenly, whatever their answers
+    written = [asked(s.id, s.reference.answer, tags=()) for s in questions]
+    assert answers(written).count("yes") == 2
+
+
 def test_fresh_sampling_estimates_informativeness_per_kind():
     scenarios = [_kinded(f"add{i}", "add") for i in range(4)] + [
         _kinded(f"root{i}", "root", difficulty=5) for i in range(4)
