@@ -619,10 +619,10 @@ class ScenarioSampler:
         giving one of them earns no more than any other. Where every task of the kind has its
         own answer (or none), the least-drawn tasks, as before."""
         kind = self._kind[options[0].id]
-        answers = Counter(
-            self._answer[s.id] for s in self.scenarios for _ in range(self.stats[s.id].groups)
-            if self._kind[s.id] == kind
-        )  # fmt: skip
+        answers: Counter[str] = Counter()
+        for s in self.scenarios:
+            if self._kind[s.id] == kind:
+                answers[self._answer[s.id]] += self.stats[s.id].groups
         least = min(answers[self._answer[s.id]] for s in options)
         rare = [s for s in options if answers[self._answer[s.id]] == least]
         fewest = min(self.stats[s.id].groups for s in rare)
