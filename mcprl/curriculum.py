@@ -543,6 +543,16 @@ class ScenarioSampler:
         kind = self._kind_stats(scenario)
         return kind is not None and kind.groups > 0 and kind.own_successes == 0
 
+    def missed(self, scenario: Scenario) -> bool:
+        """It was drawn before and no attempt of the policy's own choosing solved it, whatever
+        its kind did: a task its kind's solved ones do not teach (sqlite's "lowest stock",
+        answered like "highest price" with `ORDER BY ... DESC`), where a demonstration still
+        gives its group a success to learn from. Success as in `unsolved`."""
+        if self.informative != "judged" and not has_reference(scenario):
+            return False
+        stats = self.stats.get(scenario.id)
+        return stats is not None and stats.groups > 0 and stats.own_successes == 0
+
     def answer_unread(self, scenario: Scenario, after: int) -> bool:
         """At least `after` (> 0) attempts of its kind were shown every reference call, with
         the results, and none answered right: the policy cannot read the answer out of what

@@ -152,7 +152,8 @@ class RunConfig(BaseModel):
         default=2,
         ge=0,
         description="at a kind of task tried before and never solved by the policy's own "
-        "choice, this many of a group's attempts start with the reference's first call, its "
+        "choice (or a task so tried whose kind is solved), this many of a group's attempts "
+        "start with the reference's first call, its "
         "arguments pinned (mcprl's engine; vLLM lets the model choose them), and go on as the "
         "policy chooses: demonstrations, whose call is trained on like the policy's own. Before "
         "the explored attempts; at a guided chain, the first N guided attempts are also shown "
@@ -1132,7 +1133,9 @@ class TrainingRun:
         after the reference's first calls (`guided_calls`, drawn by the sampler); else as the
         policy chooses unless its kind is unsolved, and then each with a different tool the
         agent is offered (`explore`): the reference's first tool where the scenario has
-        reference calls and no demonstration starts with it, the others by a seeded draw."""
+        reference calls and no demonstration starts with it, the others by a seeded draw; at a
+        task drawn before and never solved by the policy's own attempts whose kind is solved
+        (`ScenarioSampler.missed`), the demonstrations alone."""
         rng = random.Random(seed)
         attempts = self.config.rollouts_per_group
         chain = scenario.reference.calls if scenario.reference is not None else []
@@ -1144,7 +1147,8 @@ class TrainingRun:
             for start in starts[: self.config.demonstrate]:  # and the calls after them, pinned
                 start |= self._demonstration(scenario, chain[start["guided_calls"] :])
             return starts
-        if not self.sampler.unsolved(scenario):
+        unsolved = self.sampler.unsolved(scenario)
+        if not unsolved and not self.sampler.missed(scenario):
             return []
         share = self.config.explore
         hidden = self.config.rollout.hidden_tools  # the agent is not offered these
@@ -1153,6 +1157,8 @@ class TrainingRun:
         if chain and chain[0].tool in tools:
             n = min(self.config.demonstrate, attempts - 1)
             shown = [self._demonstration(scenario, chain)] * n
+        if not unsolved:  # its kind is solved, this task never was: demonstrations only
+            return shown
         if share <= 0 or len(tools) < 2:
             return shown
         # the reference's first tool, where the scenario names one and no demonstration starts

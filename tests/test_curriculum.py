@@ -666,6 +666,53 @@ async def test_a_demonstration_pins_the_reference_call_the_policy_never_writes(
     assert len([t for t in explored if t]) == 1 and "add" not in explored
 
 
+def _adds_two_and_three(body: dict) -> tuple[int, dict]:
+    """Calls add(2, 3) (or the call a tool_choice pins), then answers with its result."""
+    status, reply = _stuck_on_multiply(body)
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    if call["name"] == "multiply":
+        call["name"] = "add"
+    return status, reply
+
+
+def _add(sid: str, a: int, b: int) -> Scenario:
+    call = ReferenceCall(tool="add", arguments={"a": a, "b": b})
+    return Scenario(id=sid, task=f"Add {a} and {b}.", difficulty=1, split="train",
+                    reference=Reference(answer=str(a + b), calls=[call]))  # fmt: skip
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("demonstrate", [0, 2])
+async def test_a_task_its_solved_kind_does_not_teach_gets_demonstrations(tmp_path, demonstrate):
+    """The policy always adds 2 and 3: "Add 2 and 3" is solved, so the kind `add` is, but
+    "Add 4 and 9" fails in every attempt and its group teaches nothing. Drawn again, it gets
+    demonstrations of its reference call (and no explored attempts: its kind is solved)."""
+    tasks = [_add("easy", 2, 3), _add("missed", 4, 9)]
+    scenarios = ScenarioSet([*tasks, _scenario("val")])
+    scenarios.scenarios[-1].split = "val"
+    with LocalChatServer(_adds_two_and_three) as server:
+        backend = FakeBackend(tmp_path, server.base_url)
+        config = scripted_config(steps=2, groups_per_step=2, rollouts_per_group=4, oversample=1,
+                                 explore=0.5, guide=0, demonstrate=demonstrate)  # fmt: skip
+        run = TrainingRun(config, load_example("calculator").server, backend,
+                          say=lambda _: None, progress=False)  # fmt: skip
+        await run.prepare(scenarios)
+        summary = _summary(run)
+        await run._step(summary)
+        assert run.sampler.solved(tasks[1]) and not run.sampler.unsolved(tasks[1])
+        assert run.sampler.missed(tasks[1]) and not run.sampler.missed(tasks[0])
+        assert backend.rows[0]["train/groups_trained"] == 0  # one all right, one all wrong
+        await run._step(summary)
+    row = backend.rows[1]
+    assert row["train/attempts_demonstrated"] == demonstrate
+    assert row.get("train/attempts_explored", 0) == 0
+    if demonstrate:
+        trained = [t for g in backend.trained[-1] for t in g.trajectories]
+        pinned = [t for t in trained if "first_arguments" in t.metadata]
+        assert [json.loads(t.metadata["first_arguments"]) for t in pinned] == [{"a": 4, "b": 9}] * 2
+        assert all(t.reward == 1.0 for t in pinned) and row["train/groups_trained"] == 1
+
+
 def _answers_after_one_call(body: dict) -> tuple[int, dict]:
     """Makes a pinned call where the tool_choice pins one; else multiplies 2 by 3 first, and
     answers with its last result as soon as it has one (a chain's second call never comes)."""
