@@ -432,8 +432,6 @@ class ScenarioStats:
     # attempts shown every reference call (made or pinned for them), left to answer alone
     shown_all: int = 0
     shown_all_solved: int = 0
-    # at the last step that drew it, a group whose own attempts (one or more) all failed
-    last_failed: bool = False
 
     @property
     def success_rate(self) -> float:
@@ -490,8 +488,7 @@ class ScenarioSampler:
             self._answer[s.id] = answer_key(s)
 
     def observe(self, groups: Iterable[TrajectoryGroup]) -> None:
-        """Record one step's scored groups (unknown scenario ids are ignored)."""
-        seen: set[int] = set()  # the stats this step has drawn (`last_failed` starts over)
+        """Record scored groups (unknown scenario ids are ignored)."""
         for g in groups:
             stats = self.stats.get(g.scenario_id or "")
             if stats is None or not g.trajectories:
@@ -500,7 +497,6 @@ class ScenarioSampler:
             informative = is_informative(g, self.informative)
             solved = [t for t in g.trajectories if t.metrics.get(self._mark, 0.0) >= 1.0]
             own = sum(not t.helped for t in solved)
-            all_failed = own == 0 and any(not t.helped for t in g.trajectories)
             # calls made for a success: the demonstrated calls after the guided ones count too
             guided = [
                 int(t.metadata["guided_calls"]) + _demonstrated(t)
@@ -523,10 +519,6 @@ class ScenarioSampler:
                 if guided:
                     fewest = min(guided)
                     s.guided_solved = min(fewest, s.guided_solved or fewest)
-                if id(s) not in seen:
-                    seen.add(id(s))
-                    s.last_failed = False
-                s.last_failed |= all_failed
 
     def guided_calls(self, scenario: Scenario, rng: random.Random) -> int:
         """How many of the reference's calls to make for a guided attempt at `scenario`: a draw
@@ -552,18 +544,14 @@ class ScenarioSampler:
         return kind is not None and kind.groups > 0 and kind.own_successes == 0
 
     def missed(self, scenario: Scenario) -> bool:
-        """A task its kind's solved ones may not teach: it was drawn before and no attempt of
-        the policy's own solved it, or at its kind's last step a group's own attempts all
-        failed, whatever the kind solved before. Solved tasks can teach the wrong thing (sqlite's "lowest stock", answered like
-        "highest price" with `ORDER BY ... DESC`; the calculator's `power(3, 3)` for 3 to the
-        power of 4, learned from solved tasks whose exponent was the base), and a
-        demonstration gives its group a success to learn from. Success as in `unsolved`."""
+        """It was drawn before and no attempt of the policy's own choosing solved it, whatever
+        its kind did: a task its kind's solved ones do not teach (sqlite's "lowest stock",
+        answered like "highest price" with `ORDER BY ... DESC`), where a demonstration still
+        gives its group a success to learn from. Success as in `unsolved`."""
         if self.informative != "judged" and not has_reference(scenario):
             return False
-        stats, kind = self.stats.get(scenario.id), self._kind_stats(scenario)
-        if stats is None or kind is None:
-            return False
-        return (stats.groups > 0 and stats.own_successes == 0) or kind.last_failed
+        stats = self.stats.get(scenario.id)
+        return stats is not None and stats.groups > 0 and stats.own_successes == 0
 
     def answer_unread(self, scenario: Scenario, after: int) -> bool:
         """At least `after` (> 0) attempts of its kind were shown every reference call, with

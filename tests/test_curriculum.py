@@ -526,18 +526,6 @@ def _stuck_on_multiply(body: dict) -> tuple[int, dict]:
     return status, reply
 
 
-def test_a_task_is_missed_until_solved_or_while_its_kinds_last_step_failed_a_group():
-    adds = [_with_call(f"add{i}") for i in range(3)]
-    sampler = ScenarioSampler([*adds, _scenario("no-calls")])
-    sampler.observe([_group("add0", [1.0, 0.0])])
-    assert sampler.solved(adds[2]) and not sampler.missed(adds[2])  # never drawn, kind fine
-    sampler.observe([_group("add1", [0.0, 0.0]), _group("add0", [1.0, 1.0])])
-    assert sampler.missed(adds[2]) and sampler.missed(adds[0])  # the kind's last step failed
-    sampler.observe([_group("add0", [1.0, 1.0])])
-    assert not sampler.missed(adds[2]) and not sampler.missed(adds[0])
-    assert sampler.missed(adds[1])  # drawn, and no attempt of the policy's own solved it
-
-
 def test_a_kind_is_unsolved_until_an_attempt_of_the_policys_own_choosing_solves_it():
     adds = [_with_call(f"add{i}") for i in range(2)]
     sampler = ScenarioSampler([*adds, _scenario("no-calls")])
@@ -698,8 +686,7 @@ def _add(sid: str, a: int, b: int) -> Scenario:
 async def test_a_task_its_solved_kind_does_not_teach_gets_demonstrations(tmp_path, demonstrate):
     """The policy always adds 2 and 3: "Add 2 and 3" is solved, so the kind `add` is, but
     "Add 4 and 9" fails in every attempt and its group teaches nothing. Drawn again, it gets
-    demonstrations of its reference call (and no explored attempts: its kind is solved); so
-    does "Add 2 and 3", as its kind's last step failed a group."""
+    demonstrations of its reference call (and no explored attempts: its kind is solved)."""
     tasks = [_add("easy", 2, 3), _add("missed", 4, 9)]
     scenarios = ScenarioSet([*tasks, _scenario("val")])
     scenarios.scenarios[-1].split = "val"
@@ -713,15 +700,14 @@ async def test_a_task_its_solved_kind_does_not_teach_gets_demonstrations(tmp_pat
         summary = _summary(run)
         await run._step(summary)
         assert run.sampler.solved(tasks[1]) and not run.sampler.unsolved(tasks[1])
-        assert run.sampler.missed(tasks[1]) and run.sampler.missed(tasks[0])
+        assert run.sampler.missed(tasks[1]) and not run.sampler.missed(tasks[0])
         assert backend.rows[0]["train/groups_trained"] == 0  # one all right, one all wrong
         await run._step(summary)
     row = backend.rows[1]
-    assert row["train/attempts_demonstrated"] == 2 * demonstrate
+    assert row["train/attempts_demonstrated"] == demonstrate
     assert row.get("train/attempts_explored", 0) == 0
     if demonstrate:
-        [missed] = [g for g in backend.trained[-1] if g.scenario_id == "missed"]
-        trained = missed.trajectories
+        trained = [t for g in backend.trained[-1] for t in g.trajectories]
         pinned = [t for t in trained if "first_arguments" in t.metadata]
         assert [json.loads(t.metadata["first_arguments"]) for t in pinned] == [{"a": 4, "b": 9}] * 2
         assert all(t.reward == 1.0 for t in pinned) and row["train/groups_trained"] == 1
