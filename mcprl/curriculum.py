@@ -537,8 +537,7 @@ class ScenarioSampler:
         attempts should explore (`TrainConfig.explore`). Success is the judge's verdict with
         `informative="judged"`; else the reference check, and a scenario with no reference is
         never unsolved (its success is unknown)."""
-
-        if self.informative != "judged" and not has_reference(scenario):
+        if not self._success_known(scenario):
             return False
         kind = self._kind_stats(scenario)
         return kind is not None and kind.groups > 0 and kind.own_successes == 0
@@ -548,7 +547,7 @@ class ScenarioSampler:
         its kind did: a task its kind's solved ones do not teach (sqlite's "lowest stock",
         answered like "highest price" with `ORDER BY ... DESC`), where a demonstration still
         gives its group a success to learn from. Success as in `unsolved`."""
-        if self.informative != "judged" and not has_reference(scenario):
+        if not self._success_known(scenario):
             return False
         stats = self.stats.get(scenario.id)
         return stats is not None and stats.groups > 0 and stats.own_successes == 0
@@ -568,6 +567,11 @@ class ScenarioSampler:
         or guided, do not count)."""
         kind = self._kind_stats(scenario)
         return kind is not None and kind.own_successes > 0
+
+    def _success_known(self, scenario: Scenario) -> bool:
+        """Whether an attempt's success is known: the judge's verdict with
+        `informative="judged"`, else a reference to check against."""
+        return self.informative == "judged" or has_reference(scenario)
 
     def _kind_stats(self, scenario: Scenario) -> ScenarioStats | None:
         """The pooled stats of the scenario's kind; None for a scenario the sampler lacks."""

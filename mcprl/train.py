@@ -1157,9 +1157,8 @@ class TrainingRun:
         if chain and chain[0].tool in tools:
             n = min(self.config.demonstrate, attempts - 1)
             shown = [self._demonstration(scenario, chain)] * n
-        if not unsolved:  # its kind is solved, this task never was: demonstrations only
-            return shown
-        if share <= 0 or len(tools) < 2:
+        # at a solved kind (this task never was), demonstrations only
+        if not unsolved or share <= 0 or len(tools) < 2:
             return shown
         # the reference's first tool, where the scenario names one and no demonstration starts
         # with it, is always among them: a random share of git's 7 tools left it out of 3 draws
