@@ -451,6 +451,7 @@ class ScenarioSampler:
         informative: Informative = "reward",
         repeat_kind: float = 0.25,
         decay: float = 0.5,
+        redraw: int = 0,
     ) -> None:
         self.scenarios = list(scenarios)
         if not self.scenarios:
@@ -469,6 +470,9 @@ class ScenarioSampler:
         if not 0.0 < decay <= 1.0:
             raise UsageError(f"decay={decay}: it must be in (0, 1]")
         self.decay = decay
+        if redraw < 0:
+            raise UsageError(f"redraw={redraw}: it must be 0 or more")
+        self.redraw = redraw
         self.stats = {s.id: ScenarioStats() for s in self.scenarios}
         self._kind = {s.id: task_kind(s) for s in self.scenarios}
         self._by_kind = {kind: ScenarioStats() for kind in self._kind.values()}
@@ -598,7 +602,8 @@ class ScenarioSampler:
         One draw at a time: a kind of task, with chance in proportion to its weight times
         `repeat_kind` for each time the step drew it already (`exclude` counts as this step's
         draws), then one of its scenarios (`fresh`: one it has drawn least; `curriculum`: by
-        weight). `uniform` ignores kinds and weights.
+        weight). `uniform` ignores kinds and weights. With `redraw`, `fresh` draws a kind's
+        missed tasks again first (`_missed_once`).
         """
         rng = random.Random(f"{self.seed}/{step}/{round_index}")
         excluded = set(exclude)
@@ -619,13 +624,28 @@ class ScenarioSampler:
             kind = rng.choices(names, weights=odds)[0]
             options = kinds[kind]
             if self.mode == "fresh":
-                chosen = rng.choice(self._least_drawn(options))
+                chosen = rng.choice(self._missed_once(options) or self._least_drawn(options))
             else:
                 chosen = rng.choices(options, weights=[self.weight(s) for s in options])[0]
             out.append(chosen)
             pool.remove(chosen)
             repeats[kind] += 1
         return out
+
+    def _missed_once(self, options: list[Scenario]) -> list[Scenario]:
+        """Of one kind's `options`, at a kind the policy's own attempts have solved, the
+        tasks they never solved (`missed`) and drawn at most `redraw` times, least drawn
+        first: such a task comes back the next time its kind is drawn, where a fresh draw
+        would leave it for the rest of a run (a calculator run draws each task about once),
+        and the loop gives its group demonstrations (`mcprl.train`). In a seed-0 calculator
+        run the power tasks solved were 2², 5⁵ and 3³, the ones failed (9⁵, 7³, 3²) were
+        each drawn once, and the policy learned to copy the base into the exponent. Empty
+        with `redraw=0`."""
+        if self.redraw <= 0 or not self.solved(options[0]):
+            return []
+        again = [s for s in options if self.missed(s) and self.stats[s.id].groups <= self.redraw]
+        fewest = min((self.stats[s.id].groups for s in again), default=0)
+        return [s for s in again if self.stats[s.id].groups == fewest]
 
     def _least_drawn(self, options: list[Scenario]) -> list[Scenario]:
         """Of one kind's `options`, those whose answer the kind's groups gave least often, and

@@ -139,6 +139,14 @@ class RunConfig(BaseModel):
         description="draw up to this many times groups_per_step scenarios to replace groups "
         "whose rewards tie (dynamic sampling); 1 disables",
     )
+    redraw: int = Field(
+        default=1,
+        ge=0,
+        description="with fresh sampling, a task the policy's own attempts never solved, at a "
+        "kind they have solved, is drawn again, up to this many more times, the next time its "
+        "kind is drawn (with demonstrations, see demonstrate) before the kind's fresh tasks; "
+        "0 disables",
+    )
     explore: float = Field(
         default=0.5,
         ge=0.0,
@@ -857,6 +865,7 @@ class TrainingRun:
             seed=self.config.seed,
             mode=self.config.sampling,
             informative=self.informative,
+            redraw=self.config.redraw,
         )
         for _, groups in sorted((await self.backend.trajectories(self.model, "train")).items()):
             sampler.observe(groups)

@@ -168,6 +168,25 @@ def test_fresh_sampling_draws_a_kinds_unseen_scenarios_before_repeating_one():
     assert by_scenario.weight(powers[0]) > by_scenario.weight(powers[1])  # the repeat is favoured
 
 
+@pytest.mark.parametrize("redraw", [0, 1])
+def test_a_task_missed_at_a_solved_kind_is_drawn_again_before_fresh_ones(redraw):
+    powers = [_kinded(f"pow{i}", "power") for i in range(6)]
+    sampler = ScenarioSampler(powers, seed=0, mode="fresh", redraw=redraw)
+    seen: list[str] = []
+    for step in range(1, 6):  # the second task drawn is never solved, every other one is
+        (drawn,) = sampler.draw(1, step=step)
+        seen.append(drawn.id)
+        sampler.observe([_group(drawn.id, [0.0, 0.0] if seen[1:2] == [drawn.id] else [1.0, 0.0])])
+    missed = seen[1]
+    if redraw:  # back at the next draw of its kind, and no more than once
+        assert seen[2] == missed and seen.count(missed) == 2
+    else:  # five draws, five tasks: it never comes back
+        assert len(set(seen)) == 5
+    unsolved_kind = ScenarioSampler(powers, seed=0, mode="fresh", redraw=1)
+    unsolved_kind.observe([_group("pow1", [0.0, 0.0])])
+    assert unsolved_kind.draw(1, step=2)[0].id != "pow1"  # its kind explores instead
+
+
 def test_fresh_sampling_draws_a_grounded_kinds_answers_evenly():
     def asked(sid: str, answer: str, tags: tuple[str, ...] = ("grounded", "exists")) -> Scenario:
         call = ReferenceCall(tool="git_log", arguments={})

@@ -159,6 +159,13 @@ RUN = [
         "rewards tie (default {default}; 1 disables)",
     ),
     Setting(
+        "--redraw",
+        "redraw",
+        "a task the model's own attempts never solved, at a kind they solved, is drawn again "
+        "up to N more times, with demonstrations (default {default}; 0 disables; see "
+        "RESULTS.md)",
+    ),
+    Setting(
         "--explore",
         "explore",
         "at a kind of task tried before and never solved by the model's own choice, this "
