@@ -140,12 +140,13 @@ class RunConfig(BaseModel):
         "whose rewards tie (dynamic sampling); 1 disables",
     )
     redraw: int = Field(
-        default=1,
+        default=0,
         ge=0,
         description="with fresh sampling, a task the policy's own attempts never solved, at a "
         "kind they have solved, is drawn again, up to this many more times, the next time its "
         "kind is drawn (with demonstrations, see demonstrate) before the kind's fresh tasks; "
-        "0 disables",
+        "0 (the default) disables: 1 fixed the calculator's power tasks and no overall figure "
+        "(181 against 190 of 288 over three seeds, RESULTS.md)",
     )
     explore: float = Field(
         default=0.5,

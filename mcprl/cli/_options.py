@@ -162,7 +162,7 @@ RUN = [
         "--redraw",
         "redraw",
         "a task the model's own attempts never solved, at a kind they solved, is drawn again "
-        "up to N more times, with demonstrations (default {default}; 0 disables; see "
+        "up to N more times, with demonstrations (default {default}: off; 1 measured in "
         "RESULTS.md)",
     ),
     Setting(
