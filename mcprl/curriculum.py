@@ -603,7 +603,7 @@ class ScenarioSampler:
         `repeat_kind` for each time the step drew it already (`exclude` counts as this step's
         draws), then one of its scenarios (`fresh`: one it has drawn least; `curriculum`: by
         weight). `uniform` ignores kinds and weights. With `redraw`, `fresh` draws a kind's
-        missed tasks again first (`_missed_once`).
+        missed tasks again first (`_missed_again`).
         """
         rng = random.Random(f"{self.seed}/{step}/{round_index}")
         excluded = set(exclude)
@@ -624,7 +624,7 @@ class ScenarioSampler:
             kind = rng.choices(names, weights=odds)[0]
             options = kinds[kind]
             if self.mode == "fresh":
-                chosen = rng.choice(self._missed_once(options) or self._least_drawn(options))
+                chosen = rng.choice(self._missed_again(options) or self._least_drawn(options))
             else:
                 chosen = rng.choices(options, weights=[self.weight(s) for s in options])[0]
             out.append(chosen)
@@ -632,7 +632,7 @@ class ScenarioSampler:
             repeats[kind] += 1
         return out
 
-    def _missed_once(self, options: list[Scenario]) -> list[Scenario]:
+    def _missed_again(self, options: list[Scenario]) -> list[Scenario]:
         """Of one kind's `options`, at a kind the policy's own attempts have solved, the
         tasks they never solved (`missed`) and drawn at most `redraw` times, least drawn
         first: such a task comes back the next time its kind is drawn, where a fresh draw
@@ -644,8 +644,7 @@ class ScenarioSampler:
         if self.redraw <= 0 or not self.solved(options[0]):
             return []
         again = [s for s in options if self.missed(s) and self.stats[s.id].groups <= self.redraw]
-        fewest = min((self.stats[s.id].groups for s in again), default=0)
-        return [s for s in again if self.stats[s.id].groups == fewest]
+        return self._fewest_drawn(again)
 
     def _least_drawn(self, options: list[Scenario]) -> list[Scenario]:
         """Of one kind's `options`, those whose answer the kind's groups gave least often, and
@@ -658,9 +657,12 @@ class ScenarioSampler:
             if self._kind[s.id] == kind:
                 answers[self._answer[s.id]] += self.stats[s.id].groups
         least = min(answers[self._answer[s.id]] for s in options)
-        rare = [s for s in options if answers[self._answer[s.id]] == least]
-        fewest = min(self.stats[s.id].groups for s in rare)
-        return [s for s in rare if self.stats[s.id].groups == fewest]
+        return self._fewest_drawn([s for s in options if answers[self._answer[s.id]] == least])
+
+    def _fewest_drawn(self, options: list[Scenario]) -> list[Scenario]:
+        """Those of `options` drawn the fewest times (empty for none)."""
+        fewest = min((self.stats[s.id].groups for s in options), default=0)
+        return [s for s in options if self.stats[s.id].groups == fewest]
 
     def summary(self) -> dict[str, float]:
         """Scenarios seen, and how many of them look solved, unsolved or informative so far."""
